@@ -1,0 +1,155 @@
+"""The pure acceptance step of one speculative round (Leviathan et al. 2023, Algorithm 1).
+
+For each row: drafted tokens x_1..x_γ came from q_1..q_γ; the target gave p_1..p_{γ+1}
+for the same prefixes after the same sampling transforms. The row accepts the
+leading run of x_i with u_i < p_i(x_i) / q_i(x_i), u_i ~ U[0, 1). At the first
+rejection i it emits a correction drawn from norm(max(0, p_i - q_i)); if all γ
+pass it emits a bonus token from p_{γ+1}. The emitted tokens are then distributed
+exactly as p (see `exact.py` for the closed form).
+
+The comparison is strict (`u * q < p`): it accepts with probability exactly
+min(1, p/q) for u in [0, 1), and never accepts a token with p(x) = 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["AcceptResult", "accept", "accept_with_noise", "RESIDUAL_FLOOR"]
+
+# A residual max(0, p - q) with less mass than this is numerical noise (p == q up to
+# rounding); the correction then falls back to p. Rejection happens with probability
+# equal to the residual mass, so the distribution error this allows is below the floor.
+RESIDUAL_FLOOR = 1e-6
+
+
+class AcceptResult(NamedTuple):
+    """Result of one round for each row.
+
+    Attributes:
+      num_accepted: [B] int32 in [0, γ]; the leading drafted tokens that were kept.
+      next_token: [B] int32; the correction (num_accepted < γ) or the bonus token.
+    """
+
+    num_accepted: jax.Array
+    next_token: jax.Array
+
+
+def _check_shapes(draft_tokens, draft_probs, target_probs) -> tuple[int, int, int]:
+    if draft_tokens.ndim != 2:
+        raise ValueError(f"draft_tokens must be [B, γ], got shape {draft_tokens.shape}")
+    batch, gamma = draft_tokens.shape
+    if not jnp.issubdtype(draft_tokens.dtype, jnp.integer):
+        raise TypeError(f"draft_tokens must be integer token ids, got dtype {draft_tokens.dtype}")
+    if target_probs.ndim != 3 or target_probs.shape[:2] != (batch, gamma + 1):
+        raise ValueError(
+            f"target_probs must be [B, γ+1, V] = [{batch}, {gamma + 1}, V] to match "
+            f"draft_tokens {draft_tokens.shape}, got {target_probs.shape}"
+        )
+    vocab = target_probs.shape[2]
+    if draft_probs is not None and draft_probs.shape != (batch, gamma, vocab):
+        raise ValueError(
+            f"draft_probs must be [B, γ, V] = [{batch}, {gamma}, {vocab}] to match "
+            f"draft_tokens and target_probs (same vocabulary), got {draft_probs.shape}"
+        )
+    return batch, gamma, vocab
+
+
+def accept_with_noise(
+    uniforms: jax.Array,
+    gumbels: jax.Array,
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array | None,
+    target_probs: jax.Array,
+) -> AcceptResult:
+    """The acceptance step with its randomness given explicitly (for testing and reuse).
+
+    Args:
+      uniforms: [B, γ] float32 in [0, 1), one per drafted token.
+      gumbels: [B, V] float32 standard Gumbel noise for the one categorical draw.
+      draft_tokens: [B, γ] int32.
+      draft_probs: [B, γ, V] float32 q, or None for a deterministic proposer (q one-hot).
+      target_probs: [B, γ+1, V] float32 p.
+
+    Returns:
+      AcceptResult(num_accepted [B], next_token [B]).
+    """
+    batch, gamma, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    target_probs = target_probs.astype(jnp.float32)
+    draft_tokens = draft_tokens.astype(jnp.int32)
+    if draft_probs is None:
+        draft_probs = jax.nn.one_hot(draft_tokens, vocab, dtype=jnp.float32)
+    draft_probs = draft_probs.astype(jnp.float32)
+
+    p_x = jnp.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
+    q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    passed = uniforms.astype(jnp.float32) * q_x < p_x  # [B, γ]
+    num_accepted = jnp.sum(jnp.cumprod(passed.astype(jnp.int32), axis=1), axis=1)  # [B]
+
+    # Position num_accepted: a correction from max(0, p - q), or (num_accepted == γ)
+    # the bonus from p_{γ+1}, which is the same formula with q_{γ+1} = 0.
+    rows = jnp.arange(batch)
+    p_next = target_probs[rows, num_accepted]  # [B, V]
+    q_padded = jnp.concatenate([draft_probs, jnp.zeros((batch, 1, vocab), jnp.float32)], axis=1)
+    q_next = q_padded[rows, num_accepted]  # [B, V]
+    residual = jnp.maximum(p_next - q_next, 0.0)
+    degenerate = jnp.sum(residual, axis=-1, keepdims=True) < RESIDUAL_FLOOR
+    residual = jnp.where(degenerate, p_next, residual)
+    # Gumbel-max: argmax(log r + g) ~ norm(r); log 0 = -inf is never chosen.
+    scores = jnp.where(residual > 0, jnp.log(residual) + gumbels, -jnp.inf)
+    next_token = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    return AcceptResult(num_accepted.astype(jnp.int32), next_token)
+
+
+def _as_key_array(keys: jax.Array, batch: int) -> jax.Array:
+    keys = jnp.asarray(keys) if not isinstance(keys, jax.Array) else keys
+    if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        if keys.shape != (batch,):
+            raise ValueError(f"keys must be one key per row, shape [{batch}], got {keys.shape}")
+        return keys
+    if keys.dtype == jnp.uint32 and keys.ndim == 2 and keys.shape[0] == batch:
+        return jax.random.wrap_key_data(keys)
+    raise ValueError(
+        f"keys must be a typed key array of shape [{batch}] (jax.random.key / split), "
+        f"got dtype {keys.dtype} shape {keys.shape}"
+    )
+
+
+def accept(
+    keys: jax.Array,
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array | None,
+    target_probs: jax.Array,
+) -> AcceptResult:
+    """One speculative round for a batch of rows, with one PRNG key per row.
+
+    Pure and `jit`/`vmap`-able. A row's result depends only on its own key and inputs.
+
+    Args:
+      keys: [B] typed PRNG keys (or legacy uint32 [B, 2]).
+      draft_tokens: [B, γ] int32 drafted tokens (γ may be 0: plain sampling from p_1).
+      draft_probs: [B, γ, V] the draft's q after the sampling transforms, or None for a
+        deterministic proposer (q one-hot on the drafted token).
+      target_probs: [B, γ+1, V] the target's p after the same transforms.
+
+    Returns:
+      AcceptResult(num_accepted [B] in [0, γ], next_token [B]).
+    """
+    draft_tokens = jnp.asarray(draft_tokens)
+    target_probs = jnp.asarray(target_probs)
+    draft_probs = None if draft_probs is None else jnp.asarray(draft_probs)
+    batch, gamma, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    keys = _as_key_array(keys, batch)
+
+    def noise(key):
+        accept_key, residual_key = jax.random.split(key)
+        return (
+            jax.random.uniform(accept_key, (gamma,), jnp.float32),
+            jax.random.gumbel(residual_key, (vocab,), jnp.float32),
+        )
+
+    uniforms, gumbels = jax.vmap(noise)(keys)
+    return accept_with_noise(uniforms, gumbels, draft_tokens, draft_probs, target_probs)

@@ -1,0 +1,111 @@
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_specdec.sampling import SamplingConfig, probs_from_logits
+
+
+def reference_probs(logits, temperature, top_k, top_p):
+    """Row-by-row NumPy reference of the documented transform order."""
+    logits = np.asarray(logits, np.float64)
+    out = np.zeros_like(logits)
+    for idx in np.ndindex(logits.shape[:-1]):
+        row = logits[idx]
+        if temperature == 0:
+            out[idx][np.argmax(row)] = 1.0
+            continue
+        row = row / temperature
+        keep = np.ones(row.shape, bool)
+        if 0 < top_k < row.size:
+            kth = np.sort(row)[::-1][top_k - 1]
+            keep &= row >= kth
+        probs = np.where(keep, np.exp(row - row[keep].max()), 0.0)
+        probs /= probs.sum()
+        if top_p < 1.0:
+            order = sorted(range(row.size), key=lambda i: -probs[i])
+            mass, kept = 0.0, []
+            for i in order:
+                if mass >= top_p:
+                    break
+                kept.append(i)
+                mass += probs[i]
+            threshold = probs[kept[-1]]
+            probs = np.where(probs >= threshold, probs, 0.0)
+            probs /= probs.sum()
+        out[idx] = probs
+    return out
+
+
+SETTINGS = [
+    (1.0, 0, 1.0),
+    (0.7, 0, 1.0),
+    (1.3, 3, 1.0),
+    (1.0, 1, 1.0),
+    (1.0, 0, 0.8),
+    (0.6, 0, 0.5),
+    (0.8, 4, 0.9),
+    (2.0, 5, 0.3),
+    (0.0, 0, 1.0),
+    (0.0, 3, 0.5),
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_matches_numpy_reference(temperature, top_k, top_p):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 5, 11)) * 2.0
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    got = np.asarray(probs_from_logits(jnp.asarray(logits, jnp.float32), config))
+    assert got.dtype == np.float32
+    want = reference_probs(logits.astype(np.float32), temperature, top_k, top_p)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+
+
+def test_ties_greedy_lowest_index_and_topk_keeps_ties():
+    logits = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    greedy = probs_from_logits(logits, SamplingConfig(temperature=0.0))
+    np.testing.assert_array_equal(np.asarray(greedy), [[0, 1, 0, 0], [1, 0, 0, 0]])
+    top1 = probs_from_logits(logits, SamplingConfig(top_k=1))
+    np.testing.assert_allclose(np.asarray(top1), [[0, 0.5, 0.5, 0], [0.25] * 4], atol=1e-7)
+    # top-p: the nucleus [3, 3] reaches 0.5 with either of the tied tokens; both are kept.
+    top_p = probs_from_logits(logits, SamplingConfig(top_p=0.3))
+    np.testing.assert_allclose(np.asarray(top_p)[0], [0, 0.5, 0.5, 0], atol=1e-7)
+
+
+def test_bfloat16_input():
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(3, 17)), jnp.bfloat16)
+    for config in [SamplingConfig(), SamplingConfig(0.5, 4, 0.9), SamplingConfig(0.0)]:
+        got = probs_from_logits(logits, config)
+        assert got.dtype == jnp.float32
+        want = reference_probs(np.asarray(logits.astype(jnp.float32)), *dataclass_values(config))
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-6)
+
+
+def dataclass_values(config):
+    return config.temperature, config.top_k, config.top_p
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": float("nan")}, "top_p"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**kwargs)
+
+
+def test_config_is_hashable_and_validates_type():
+    assert hash(SamplingConfig()) == hash(SamplingConfig(1, 0, 1))
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        probs_from_logits(jnp.zeros(3), {"temperature": 1.0})
