@@ -1,0 +1,311 @@
+"""The compiled loops: greedy equality, exactness by enumeration, keys, compilation, bad input."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+import jax_specdec.decode as decode_module
+from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.acceptance import AcceptResult
+from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.sampling import probs_from_logits
+
+VOCAB = 6
+
+
+def make_model(seed, vocab=VOCAB, scale=0.2, **overrides):
+    return Transformer(
+        TransformerConfig.tiny(vocab_size=vocab, **overrides), rngs=nnx.Rngs(seed), init_scale=scale
+    )
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_model(0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return make_model(1, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32)
+
+
+def ragged_prompts(num, vocab, seed=0, max_len=9):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=rng.integers(1, max_len)).tolist() for _ in range(num)]
+
+
+# ---------------------------------------------------------------- greedy equality
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+@pytest.mark.parametrize("eos", [None, 3])
+def test_greedy_speculative_equals_greedy_autoregressive(gamma, eos):
+    target = make_model(10, vocab=32, scale=0.3)
+    draft = make_model(11, vocab=32, scale=0.3, num_layers=1)
+    # A draft that agrees often: the target's own weights, perturbed.
+    prompts = ragged_prompts(24, 32, seed=gamma)
+    greedy = SamplingConfig(temperature=0.0)
+    ar = autoregressive_generate(
+        target,
+        prompts,
+        key=jax.random.key(0),
+        max_new_tokens=16,
+        sampling=greedy,
+        eos_token_id=eos,
+    )
+    for proposer in [draft, target]:
+        spec = speculative_generate(
+            target,
+            proposer,
+            prompts,
+            key=jax.random.key(1),
+            max_new_tokens=16,
+            num_draft_tokens=gamma,
+            sampling=greedy,
+            eos_token_id=eos,
+        )
+        np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
+        np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+    if eos is not None:
+        lengths = np.asarray(ar.lengths)
+        assert (lengths < 16).any(), "the EOS case should stop some rows early"
+        for row, n in zip(np.asarray(ar.tokens), lengths, strict=True):
+            assert (n == 16) or row[n - 1] == eos
+            assert eos not in row[: n - 1].tolist()
+            assert (row[n:] == 0).all()
+
+
+def test_draft_identical_to_target_accepts_everything(target):
+    prompts = ragged_prompts(8, VOCAB, seed=3)
+    out = speculative_generate(
+        target, target, prompts, key=jax.random.key(2), max_new_tokens=20, num_draft_tokens=4
+    )
+    s = out.stats
+    assert s.acceptance_rate == 1.0
+    np.testing.assert_array_equal(np.asarray(s.accepted), np.asarray(s.drafted))
+    # 19 tokens after the prefill's first, 5 per round: 4 rounds.
+    assert np.asarray(s.rounds).tolist() == [4] * 8
+    assert np.asarray(s.accepted_at).min() == 4
+
+
+# ---------------------------------------------------------------- exactness
+
+
+def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
+    """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS)."""
+    conts = np.array(list(itertools.product(range(VOCAB), repeat=depth)), np.int32)
+    tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
+    probs = np.asarray(probs_from_logits(target(jnp.asarray(tokens)), sampling), np.float64)
+    start = len(prompt) - 1
+    result = {}
+    for i, cont in enumerate(conts):
+        prob, seq = 1.0, ()
+        for j, tok in enumerate(cont):
+            prob *= probs[i, start + j, tok]
+            seq += (int(tok),)
+            if tok == eos:
+                break
+        result[seq] = result.get(seq, 0.0) + prob if len(seq) < depth else prob
+    # Sequences cut by EOS were added once per continuation after the EOS: divide out.
+    for seq in list(result):
+        if len(seq) < depth:
+            result[seq] /= VOCAB ** (depth - len(seq))
+    return {seq: prob for seq, prob in result.items() if prob > 0}
+
+
+def chi_square_pvalue(samples, exact):
+    keys = sorted(exact)
+    index = {k: i for i, k in enumerate(keys)}
+    counts = np.zeros(len(keys))
+    for seq in samples:
+        assert seq in index, f"emitted an impossible sequence {seq}"
+        counts[index[seq]] += 1
+    expected = np.array([exact[k] for k in keys]) * len(samples)
+    # Pool rare outcomes so every bin expects >= 5.
+    small = expected < 5
+    if small.any():
+        counts = np.append(counts[~small], counts[small].sum())
+        expected = np.append(expected[~small], expected[small].sum())
+    return stats.chisquare(counts, expected * counts.sum() / expected.sum()).pvalue
+
+
+NUM_SAMPLES = 100_000
+PROMPTS = ([2, 5], [1, 0, 3, 4])  # ragged: rows alternate between the two
+SETTINGS = {
+    "t1_g1": (SamplingConfig(1.0), 1, None),
+    "t0.6_g2": (SamplingConfig(0.6), 2, None),
+    "t1_topk3_g4": (SamplingConfig(1.0, top_k=3), 4, None),
+    "t1_topp0.8_g2": (SamplingConfig(1.0, top_p=0.8), 2, None),
+    "t0.6_topk4_topp0.9_g4_eos": (SamplingConfig(0.6, top_k=4, top_p=0.9), 4, 2),
+    "t1_g2_eos": (SamplingConfig(1.0), 2, 2),
+}
+
+
+def sample_sequences(target, draft, sampling, gamma, eos, seed):
+    prompts = [PROMPTS[b % 2] for b in range(NUM_SAMPLES)]
+    out = speculative_generate(
+        target,
+        draft,
+        prompts,
+        key=jax.random.key(seed),
+        max_new_tokens=3,
+        num_draft_tokens=gamma,
+        sampling=sampling,
+        eos_token_id=eos,
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(NUM_SAMPLES)]
+    return seqs, out.stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_speculative_samples_follow_the_target(target, draft, name):
+    sampling, gamma, eos = SETTINGS[name]
+    seqs, run_stats = sample_sequences(target, draft, sampling, gamma, eos, seed=len(name))
+    assert 0.05 < run_stats.acceptance_rate < 0.95, "the draft should be neither useless nor exact"
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        assert abs(sum(exact.values()) - 1) < 1e-5
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(
+            f"\nLOOP-EXACTNESS {name} prompt{which}: alpha={run_stats.acceptance_rate:.3f} "
+            f"chi2_pvalue={pvalue:.3g}"
+        )
+        assert pvalue > 1e-3
+
+
+def wrong_accept(keys, draft_tokens, draft_probs, target_probs):
+    """Resamples a rejection from plain p instead of the residual: not exact."""
+
+    def row(key, x, q, p):
+        k1, k2 = jax.random.split(key)
+        u = jax.random.uniform(k1, x.shape)
+        passed = u * q[jnp.arange(x.size), x] < p[jnp.arange(x.size), x]
+        n = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
+        return n, jax.random.categorical(k2, jnp.log(p[n])).astype(jnp.int32)
+
+    n, tok = jax.vmap(row)(keys, draft_tokens, draft_probs, target_probs)
+    return AcceptResult(n, tok)
+
+
+@pytest.mark.slow
+def test_wrong_acceptance_rule_fails_the_same_test(target, draft, monkeypatch):
+    jax.clear_caches()
+    monkeypatch.setattr(decode_module, "accept", wrong_accept)
+    sampling, gamma, eos = SETTINGS["t1_g1"]
+    seqs, _ = sample_sequences(target, draft, sampling, gamma, eos, seed=0)
+    jax.clear_caches()
+    exact = exact_sequence_probs(target, np.array(PROMPTS[0]), sampling, eos)
+    assert chi_square_pvalue(seqs[0::2], exact) < 1e-6
+
+
+# ---------------------------------------------------------------- keys and batches
+
+
+def test_same_key_same_output_and_row_independent_of_batch(target, draft):
+    prompts = ragged_prompts(8, VOCAB, seed=5)
+    keys = jax.random.split(jax.random.key(7), 8)
+    kwargs = dict(max_new_tokens=12, num_draft_tokens=3, sampling=SamplingConfig(0.9))
+    a = speculative_generate(target, draft, prompts, key=keys, **kwargs)
+    b = speculative_generate(target, draft, prompts, key=keys, **kwargs)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    for row in [0, 3, 6]:
+        alone = speculative_generate(
+            target, draft, [prompts[row]], key=keys[row : row + 1], **kwargs
+        )
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(a.tokens)[row])
+    # One key: row b uses fold_in(key, b).
+    one = speculative_generate(target, draft, prompts, key=jax.random.key(7), **kwargs)
+    folded = jax.vmap(lambda b: jax.random.fold_in(jax.random.key(7), b))(jnp.arange(8))
+    two = speculative_generate(target, draft, prompts, key=folded, **kwargs)
+    np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(two.tokens))
+
+
+def test_array_prompts_with_lengths_equal_list_prompts(target, draft):
+    prompts = ragged_prompts(4, VOCAB, seed=6)
+    width = max(map(len, prompts))
+    array = np.full((4, width), 5, np.int32)
+    for b, p in enumerate(prompts):
+        array[b, : len(p)] = p
+    kwargs = dict(key=jax.random.key(3), max_new_tokens=7, num_draft_tokens=2)
+    a = speculative_generate(target, draft, prompts, **kwargs)
+    b = speculative_generate(
+        target, draft, array, prompt_lengths=np.array([len(p) for p in prompts]), **kwargs
+    )
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+
+
+def test_no_recompilation_on_second_call(target, draft):
+    prompts = ragged_prompts(4, VOCAB, seed=8)
+    kwargs = dict(max_new_tokens=9, num_draft_tokens=3)
+    speculative_generate(target, draft, prompts, key=jax.random.key(0), **kwargs)
+    size = decode_module._generate_program._cache_size()
+    other = [[(t + 1) % VOCAB for t in p] for p in prompts]  # same shapes, other values
+    speculative_generate(target, draft, other, key=jax.random.key(1), **kwargs)
+    autoregressive_generate(target, prompts, key=jax.random.key(0), max_new_tokens=9)
+    size_ar = decode_module._generate_program._cache_size()
+    autoregressive_generate(target, other, key=jax.random.key(5), max_new_tokens=9)
+    assert decode_module._generate_program._cache_size() == size_ar == size + 1
+
+
+def test_budget_and_frozen_rows(target, draft):
+    out = speculative_generate(
+        target, draft, [[1], [2, 3, 4, 5, 0, 1]], key=jax.random.key(0), max_new_tokens=1
+    )
+    assert np.asarray(out.lengths).tolist() == [1, 1]
+    assert np.asarray(out.stats.rounds).tolist() == [0, 0]
+    out = speculative_generate(
+        target, draft, [[1], [2, 3]], key=jax.random.key(0), max_new_tokens=10, num_draft_tokens=4
+    )
+    assert np.asarray(out.lengths).tolist() == [10, 10]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"prompts": [[1, 2], []]}, ValueError, r"prompts\[1\] is empty"),
+        ({"prompts": []}, ValueError, "prompts is empty"),
+        ({"prompts": [[1, 6]]}, ValueError, r"outside \[0, 6\)"),
+        ({"prompts": [[1, -1]]}, ValueError, r"outside \[0, 6\)"),
+        ({"prompts": "abc"}, TypeError, "prompts must be"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens"),
+        ({"max_new_tokens": 200}, ValueError, "config.max_len"),
+        ({"num_draft_tokens": 0}, ValueError, "num_draft_tokens"),
+        ({"key": jax.random.split(jax.random.key(0), 3)}, ValueError, "key must be"),
+        ({"key": 0}, TypeError, "key must be"),
+        ({"eos_token_id": 6}, ValueError, "eos_token_id"),
+        ({"sampling": {"temperature": 1}}, TypeError, "sampling"),
+        ({"prompts": np.zeros((2, 3), np.float32)}, TypeError, "integer"),
+        (
+            {"prompts": np.zeros((2, 3), np.int32), "prompt_lengths": [1]},
+            ValueError,
+            "prompt_lengths",
+        ),
+    ],
+)
+def test_bad_input(target, draft, kwargs, error, match):
+    args = dict(prompts=[[1, 2], [3]], key=jax.random.key(0), max_new_tokens=4, num_draft_tokens=2)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        speculative_generate(target, draft, args.pop("prompts"), **args)
+
+
+def test_vocabularies_must_match_unless_padded(target):
+    padded = make_model(3, vocab=VOCAB + 2, num_layers=1)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        speculative_generate(target, padded, [[1]], key=jax.random.key(0), max_new_tokens=3)
+    out = speculative_generate(
+        target, padded, [[1]], key=jax.random.key(0), max_new_tokens=5, vocab_size=VOCAB
+    )
+    assert int(np.asarray(out.tokens).max()) < VOCAB
+    with pytest.raises(TypeError, match="draft"):
+        speculative_generate(target, "draft", [[1]], key=jax.random.key(0), max_new_tokens=3)
