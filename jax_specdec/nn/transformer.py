@@ -1,0 +1,401 @@
+"""A decoder-only transformer in Flax NNX, with a full forward pass and a cached decode.
+
+Layers are a Python loop over an `nnx.List` of blocks (unrolled in the compiled
+program): on CPU this ran about 3x faster than `lax.scan` over stacked weights, and
+it keeps one separate cache array per layer, each updated in place by one scatter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_specdec.nn.cache import KVCache
+from jax_specdec.nn.config import TransformerConfig
+
+_F32 = jnp.float32
+
+
+class Dense(nnx.Module):
+    """y = x @ kernel (+ bias); kernel is [in, out] (HF nn.Linear weights are transposed)."""
+
+    def __init__(self, d_in: int, d_out: int, *, bias: bool, config: TransformerConfig, key, scale):
+        dtype = config.jnp_param_dtype
+        self.kernel = nnx.Param(scale * jax.random.normal(key, (d_in, d_out), _F32).astype(dtype))
+        self.bias = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
+        self.dtype = config.jnp_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x @ self.kernel[...].astype(self.dtype)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Norm(nnx.Module):
+    """RMSNorm (scale only) or LayerNorm (scale and bias), computed in float32."""
+
+    def __init__(self, config: TransformerConfig):
+        dtype = config.jnp_param_dtype
+        self.kind = config.norm
+        self.eps = config.norm_eps
+        self.dtype = config.jnp_dtype
+        self.scale = nnx.Param(jnp.ones((config.d_model,), dtype))
+        self.bias = (
+            nnx.Param(jnp.zeros((config.d_model,), dtype)) if config.norm == "layer" else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x.astype(_F32)
+        if self.kind == "layer":
+            h = h - jnp.mean(h, axis=-1, keepdims=True)
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+        # Like HF: normalise in float32, cast back, then apply the affine part.
+        h = h.astype(self.dtype) * self.scale[...].astype(self.dtype)
+        if self.bias is not None:
+            h = h + self.bias[...].astype(self.dtype)
+        return h
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, HF "rotate_half" convention.
+
+    Args:
+        x: [B, T, N, hd] queries or keys.
+        positions: [B, T] int32 absolute positions.
+        theta: base frequency.
+    """
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # [hd/2]
+    angles = positions.astype(_F32)[..., None] * inv_freq.astype(np.float32)  # [B, T, hd/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(_F32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, keys, scale):
+        c = config
+        self.config = c
+        self.q = Dense(
+            c.d_model, c.num_heads * c.head_dim, bias=c.qkv_bias, config=c, key=keys[0], scale=scale
+        )
+        self.k = Dense(
+            c.d_model,
+            c.num_kv_heads * c.head_dim,
+            bias=c.qkv_bias,
+            config=c,
+            key=keys[1],
+            scale=scale,
+        )
+        self.v = Dense(
+            c.d_model,
+            c.num_kv_heads * c.head_dim,
+            bias=c.qkv_bias,
+            config=c,
+            key=keys[2],
+            scale=scale,
+        )
+        self.o = Dense(
+            c.num_heads * c.head_dim, c.d_model, bias=c.out_bias, config=c, key=keys[3], scale=scale
+        )
+
+    def project(self, x: jax.Array, positions: jax.Array):
+        """x [B, T, D] -> q [B, T, H, hd], k and v [B, T, K, hd] (positions applied)."""
+        c = self.config
+        B, T, _ = x.shape
+        q = self.q(x).reshape(B, T, c.num_heads, c.head_dim)
+        k = self.k(x).reshape(B, T, c.num_kv_heads, c.head_dim)
+        v = self.v(x).reshape(B, T, c.num_kv_heads, c.head_dim)
+        if c.position == "rope":
+            q = rope(q, positions, c.rope_theta)
+            k = rope(k, positions, c.rope_theta)
+        return q, k, v
+
+    def attend(self, q: jax.Array, parts) -> jax.Array:
+        """Softmax attention of q over the concatenation of several key/value blocks.
+
+        Args:
+            q: [B, T, H, hd] queries.
+            parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B, T, S_i] bool).
+
+        Returns:
+            [B, T, D] attention output (after the output projection).
+        """
+        c = self.config
+        B, T, H, hd = q.shape
+        K = c.num_kv_heads
+        q = q.reshape(B, T, K, H // K, hd)
+        scores = []
+        for k, _, mask in parts:
+            s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=_F32)
+            scores.append(jnp.where(mask[:, None, None], s, jnp.finfo(_F32).min))
+        scores = jnp.concatenate(scores, axis=-1) * (1.0 / np.sqrt(hd))
+        probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax
+        out, start = 0.0, 0
+        for _, v, mask in parts:
+            p = probs[..., start : start + mask.shape[-1]].astype(v.dtype)
+            start += mask.shape[-1]
+            # Like HF, probabilities are cast to the value dtype for this product (XLA:CPU
+            # also has no bf16 x bf16 -> f32 kernel for it).
+            out = out + jnp.einsum("bkgts,bksd->btkgd", p, v).astype(_F32)
+        return self.o(out.reshape(B, T, H * hd).astype(c.jnp_dtype))
+
+
+class Mlp(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, keys, scale):
+        c = config
+        self.kind = c.mlp
+        self.gate = (
+            Dense(c.d_model, c.mlp_dim, bias=c.mlp_bias, config=c, key=keys[0], scale=scale)
+            if c.mlp == "swiglu"
+            else None
+        )
+        self.up = Dense(c.d_model, c.mlp_dim, bias=c.mlp_bias, config=c, key=keys[1], scale=scale)
+        self.down = Dense(c.mlp_dim, c.d_model, bias=c.mlp_bias, config=c, key=keys[2], scale=scale)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.kind == "swiglu":
+            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, key, scale):
+        keys = jax.random.split(key, 7)
+        self.attn_norm = Norm(config)
+        self.attn = Attention(config, keys=keys[:4], scale=scale)
+        self.mlp_norm = Norm(config)
+        self.mlp = Mlp(config, keys=keys[4:], scale=scale)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only transformer.
+
+    Call `model(tokens)` for a full causal forward pass, or
+    `model.decode(tokens, cache)` to extend a `KVCache` (see `jax_specdec.nn.cache`).
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, init_scale: float = 0.02):
+        """Random initialisation: weights ~ N(0, init_scale), norm scales 1, biases 0."""
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        c = config
+        self.config = c
+        dtype = c.jnp_param_dtype
+        key = rngs.params()
+        k_embed, k_pos, k_head, k_blocks = jax.random.split(key, 4)
+        self.embed = nnx.Param(
+            (init_scale * jax.random.normal(k_embed, (c.vocab_size, c.d_model), _F32)).astype(dtype)
+        )
+        self.pos_embed = (
+            nnx.Param(
+                (init_scale * jax.random.normal(k_pos, (c.max_len, c.d_model), _F32)).astype(dtype)
+            )
+            if c.position == "learned"
+            else None
+        )
+        block_keys = jax.random.split(k_blocks, c.num_layers)
+        self.blocks = nnx.List(
+            [Block(c, key=block_keys[i], scale=init_scale) for i in range(c.num_layers)]
+        )
+        self.final_norm = Norm(c)
+        self.lm_head = (
+            None
+            if c.tie_embeddings
+            else nnx.Param(
+                (init_scale * jax.random.normal(k_head, (c.d_model, c.vocab_size), _F32)).astype(
+                    dtype
+                )
+            )
+        )
+
+    # ------------------------------------------------------------------ pieces
+
+    def _embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+        x = self.embed[...][tokens].astype(self.config.jnp_dtype)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed[...][positions].astype(self.config.jnp_dtype)
+        return x
+
+    def _logits(self, x: jax.Array) -> jax.Array:
+        x = self.final_norm(x)
+        dtype = self.config.jnp_dtype
+        if self.lm_head is None:
+            return jnp.einsum(
+                "btd,vd->btv", x, self.embed[...].astype(dtype), preferred_element_type=_F32
+            )
+        return jnp.einsum(
+            "btd,dv->btv", x, self.lm_head[...].astype(dtype), preferred_element_type=_F32
+        )
+
+    # --------------------------------------------------------------- forwards
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Full causal forward pass at positions 0..T-1, no cache.
+
+        Args:
+            tokens: [B, T] integer token ids in [0, vocab_size), T <= config.max_len.
+
+        Returns:
+            logits: [B, T, V] float32.
+        """
+        tokens = _check_tokens(tokens, self.config)
+        if not _traced(tokens):
+            # Called eagerly: run one compiled program instead of op by op.
+            graphdef, state = nnx.split(self)
+            return _forward_jit(graphdef, state, tokens)
+        return self._forward(tokens)
+
+    def _forward(self, tokens: jax.Array) -> jax.Array:
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        x = self._embed(tokens, positions)
+        for block in self.blocks:
+            q, k, v = block.attn.project(block.attn_norm(x), positions)
+            x = x + block.attn.attend(q, [(_heads_first(k), _heads_first(v), mask)])
+            x = x + block.mlp(block.mlp_norm(x))
+        return self._logits(x)
+
+    def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Append T tokens per row to the cache and return their logits.
+
+        Row b's tokens go to positions `cache.lengths[b] + t`; a query at position p
+        attends to its own row's keys at positions <= p. Pure and jit-able with
+        traced lengths (T is static). Writes beyond the cache's size are dropped
+        (checked, with a ValueError, only when `cache.lengths` is concrete).
+
+        Args:
+            tokens: [B, T] integer token ids in [0, vocab_size).
+            cache: a `KVCache` for B rows (from `init_cache`).
+
+        Returns:
+            logits: [B, T, V] float32, and the cache with lengths increased by T.
+        """
+        c = self.config
+        tokens = _check_tokens(tokens, c)
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        if len(cache.keys) != c.num_layers or len(cache.values) != c.num_layers:
+            raise ValueError(f"cache has {len(cache.keys)} layers, the model has {c.num_layers}")
+        got = (cache.keys[0].shape[1], cache.keys[0].shape[3])
+        if got != (c.num_kv_heads, c.head_dim):
+            raise ValueError(
+                f"cache (num_kv_heads, head_dim) = {got} do not match the model's "
+                f"{(c.num_kv_heads, c.head_dim)}"
+            )
+        B, T = tokens.shape
+        S = cache.max_len
+        if cache.batch_size != B:
+            raise ValueError(f"tokens has batch {B} but cache has batch {cache.batch_size}")
+        if T > S:
+            raise ValueError(f"tokens length T={T} exceeds the cache's max_len ({S})")
+        if not _traced(cache.lengths):
+            longest = int(np.max(np.asarray(cache.lengths)))
+            if longest + T > S:
+                raise ValueError(
+                    f"cache.lengths (max {longest}) + T ({T}) exceeds the cache's max_len ({S})"
+                )
+        if not _traced((tokens, cache)):
+            graphdef, state = nnx.split(self)
+            return _decode_jit(graphdef, state, tokens, cache)
+        return self._decode(tokens, cache)
+
+    def _decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        B, T = tokens.shape
+        S = cache.max_len
+        lengths = cache.lengths.astype(jnp.int32)
+        positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
+        # Queries see the cached prefix (< length) and the new tokens causally. Attending
+        # to the old cache and the new keys separately means the cache is only written,
+        # never read after the write, so XLA updates it in place without copies.
+        old_mask = (
+            jnp.arange(S, dtype=jnp.int32)[None, None, :] < lengths[:, None, None]
+        )  # [B, 1, S]
+        old_mask = jnp.broadcast_to(old_mask, (B, T, S))
+        new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        rows = jnp.arange(B, dtype=jnp.int32)[:, None]  # [B, 1]
+        x = self._embed(tokens, positions)
+        keys, values = [], []
+        for block, k_cache, v_cache in zip(self.blocks, cache.keys, cache.values, strict=True):
+            q, k, v = block.attn.project(block.attn_norm(x), positions)
+            parts = [(k_cache, v_cache, old_mask), (_heads_first(k), _heads_first(v), new_mask)]
+            attn_out = block.attn.attend(q, parts)
+            write_at = _after(positions, attn_out)
+            keys.append(_write(k_cache, rows, write_at, k))
+            values.append(_write(v_cache, rows, write_at, v))
+            x = x + attn_out
+            x = x + block.mlp(block.mlp_norm(x))
+        new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + T)
+        return self._logits(x), new_cache
+
+
+def _traced(tree) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_jit(graphdef, state, tokens):
+    return nnx.merge(graphdef, state)._forward(tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_jit(graphdef, state, tokens, cache):
+    return nnx.merge(graphdef, state)._decode(tokens, cache)
+
+
+def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
+    """`positions`, unchanged, but data-dependent on `x`.
+
+    The cache write must come after the attention that reads the old cache. Without a
+    data dependency XLA may schedule the in-place write first and then copy the whole
+    cache (twice, per layer and step) to keep the old values alive: on CPU that cost
+    more than the attention itself. `lax.optimization_barrier` does not help there
+    (the CPU pipeline removes it). min(p, 2**31 - 2 + isnan(x)) == p for any valid p.
+    """
+    flag = jnp.isnan(x.reshape(-1)[0]).astype(jnp.int32)
+    return jnp.minimum(positions, jnp.int32(2**31 - 2) + flag)
+
+
+def _heads_first(x: jax.Array) -> jax.Array:
+    """[B, T, K, hd] -> [B, K, T, hd]."""
+    return x.transpose(0, 2, 1, 3)
+
+
+def _write(cache: jax.Array, rows: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
+    """One scatter: cache[b, :, positions[b, t]] = new[b, t]; out-of-range writes are dropped.
+
+    cache is [B, K, S, hd], new is [B, T, K, hd] (the advanced indices come first).
+    """
+    return cache.at[rows, :, positions].set(
+        new.astype(cache.dtype), indices_are_sorted=True, unique_indices=True, mode="drop"
+    )
+
+
+def _check_tokens(tokens, config: TransformerConfig) -> jax.Array:
+    if not isinstance(tokens, jax.Array | np.ndarray):
+        tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape [B, T], got shape {tuple(tokens.shape)}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    B, T = tokens.shape
+    if B < 1 or T < 1:
+        raise ValueError(f"tokens must be non-empty, got shape {tuple(tokens.shape)}")
+    if T > config.max_len:
+        raise ValueError(f"tokens length T={T} exceeds config.max_len ({config.max_len})")
+    if not _traced(tokens):
+        host = np.asarray(tokens)
+        low, high = int(host.min()), int(host.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(
+                f"token ids must lie in [0, {config.vocab_size}), got min {low} and max {high}"
+            )
+    return jnp.asarray(tokens, jnp.int32)
