@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -30,15 +30,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jax_specdec.acceptance import accept, accept_with_noise
+from jax_specdec.acceptance import accept
 from jax_specdec.nn import KVCache, Transformer, init_cache
-from jax_specdec.sampling import SamplingConfig, probs_from_logits
+from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample
 
 __all__ = [
     "GenerationOutput",
     "GenerationStats",
     "autoregressive_generate",
+    "autoregressive_program",
     "speculative_generate",
+    "speculative_program",
 ]
 
 
@@ -67,8 +69,25 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """α: accepted / drafted over the whole batch."""
+        """Fraction of drafted tokens accepted, over the whole batch.
+
+        It falls with γ even at a constant per-token acceptance, since drafts after a
+        rejection count as drafted; `alpha` does not.
+        """
         return float(jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1))
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability α (the i.i.d. model of DESIGN §2), estimated as
+        accepted / (accepted + rejections): each round tests drafts up to its first
+        rejection, if any (the maximum-likelihood estimate for geometric run lengths).
+        """
+        gamma = self.accepted_at.shape[1]
+        if gamma == 0:
+            return float("nan")
+        rejections = jnp.sum(self.rounds - self.accepted_at[:, gamma - 1])
+        accepted = jnp.sum(self.accepted)
+        return float(accepted / jnp.maximum(accepted + rejections, 1))
 
     def tokens_per_round(self, lengths: jax.Array) -> float:
         """Mean tokens emitted per round (the prefill's first token not counted)."""
@@ -204,15 +223,6 @@ def _check_fits(model, name, lengths, max_new_tokens):
 # ---------------------------------------------------------------- loop pieces
 
 
-def _sample(keys, probs):
-    """One categorical draw per row: [B] keys, [B, V] probs -> [B] int32 (plain sampling)."""
-    gumbels = jax.vmap(lambda k: jax.random.gumbel(k, probs.shape[-1:], jnp.float32))(keys)
-    empty = jnp.zeros((probs.shape[0], 0), jnp.int32)
-    return accept_with_noise(
-        jnp.zeros(empty.shape, jnp.float32), gumbels, empty, None, probs[:, None]
-    ).next_token
-
-
 def _nonfinite(logits):
     return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
@@ -276,7 +286,7 @@ def _init_state(
     if draft is not None:
         draft_cache = init_cache(draft.config, batch=batch, max_len=cache_len)
         _, draft_cache = _prefill(draft, draft_cache, prompts, prompt_lengths)
-    first = _sample(
+    first = sample(
         jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), probs_from_logits(logits, sampling)
     )
     tokens = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(prompts)
@@ -319,8 +329,7 @@ def _draft(draft, state, keys, *, gamma, sampling, vocab_size):
     def step(cache, inputs, key):
         logits, cache = draft.decode(inputs, cache)
         q = probs_from_logits(logits[:, -1, :vocab_size], sampling)  # [B, V]
-        x = jax.vmap(lambda k, qq: jax.random.categorical(k, jnp.log(qq)))(key, q)
-        return cache, x.astype(jnp.int32), q, _nonfinite(logits[:, -1])
+        return cache, sample(key, q), q, _nonfinite(logits[:, -1])
 
     cache, x, q, bad = step(cache, _gather_last(state.tokens, state.lengths, 2), step_keys[:, 0])
 
@@ -329,8 +338,10 @@ def _draft(draft, state, keys, *, gamma, sampling, vocab_size):
         cache, x, q, bad = step(cache, x[:, None], key)
         return (cache, x), (x, q, bad)
 
+    # Unrolled: γ is small and static, and a rolled loop costs more per step than the
+    # small draft model itself on CPU.
     (cache, _), (xs, qs, bads) = jax.lax.scan(
-        body, (cache, x), jnp.swapaxes(step_keys[:, 1:], 0, 1)
+        body, (cache, x), jnp.swapaxes(step_keys[:, 1:], 0, 1), unroll=True
     )
     drafted = jnp.concatenate([x[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
     probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
@@ -394,7 +405,7 @@ def _autoregressive_step(
     cache = state.target_cache.replace(lengths=state.lengths - 1)
     logits, cache = target.decode(pending, cache)
     logits = logits[:, 0, :vocab_size]
-    token = _sample(round_keys, probs_from_logits(logits, sampling))
+    token = sample(round_keys, probs_from_logits(logits, sampling))
     active = ~state.done
     state, _ = _emit(
         state.replace(target_cache=cache),
@@ -498,27 +509,17 @@ def _generate_program(
     return _finish(state, prompt_lengths, max_new_tokens, pad_token_id)
 
 
-def _run(
-    target,
-    draft,
-    prompts,
-    prompt_lengths,
-    keys,
-    *,
-    max_new_tokens,
-    gamma,
-    sampling,
-    eos_token_id,
-    vocab_size,
-    pad_token_id,
-):
+def _bind(target, draft, prompts, prompt_lengths, keys, **static):
+    """Splits the models and binds every input: calling the result runs only the program."""
     models = [target] if draft is None else [target, draft]
     cache_len = min(
-        int(prompt_lengths.max()) + max_new_tokens + gamma, *(m.config.max_len for m in models)
+        int(prompt_lengths.max()) + static["max_new_tokens"] + static["gamma"],
+        *(m.config.max_len for m in models),
     )
     target_def, target_state = nnx.split(target)
     draft_def, draft_state = (None, None) if draft is None else nnx.split(draft)
-    out = _generate_program(
+    return functools.partial(
+        _generate_program,
         target_def,
         target_state,
         draft_def,
@@ -526,14 +527,12 @@ def _run(
         jnp.asarray(prompts),
         jnp.asarray(prompt_lengths),
         keys,
-        max_new_tokens=max_new_tokens,
-        gamma=gamma,
-        sampling=sampling,
-        eos_token_id=eos_token_id,
-        vocab_size=vocab_size,
         cache_len=cache_len,
-        pad_token_id=pad_token_id,
+        **static,
     )
+
+
+def _checked(out: GenerationOutput) -> GenerationOutput:
     bad = np.asarray(out.stats.nonfinite)
     if bad.any():
         warnings.warn(
@@ -546,6 +545,101 @@ def _run(
 
 
 # ------------------------------------------------------------------- public API
+
+
+def speculative_program(
+    target: Transformer,
+    draft: Transformer,
+    prompts,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    num_draft_tokens: int = 4,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_token_id: int | None = None,
+    prompt_lengths=None,
+    vocab_size: int | None = None,
+    pad_token_id: int = 0,
+) -> Callable[[], GenerationOutput]:
+    """The speculative program with its inputs validated and bound, not yet run.
+
+    Arguments are those of `speculative_generate`. Calling the result runs only the
+    compiled XLA program (no validation, no model splitting): for benchmarks and for
+    generating repeatedly from the same inputs.
+    """
+    prompts, lengths, keys, max_new_tokens = _check_common(
+        target, "target", prompts, prompt_lengths, key, max_new_tokens, sampling, eos_token_id
+    )
+    if not isinstance(draft, Transformer):
+        raise TypeError(f"draft must be a jax_specdec.nn.Transformer, got {type(draft).__name__}")
+    gamma = _check_int("num_draft_tokens", num_draft_tokens, 1)
+    vocab_size = _shared_vocab(target, draft, vocab_size)
+    if int(prompts.max()) >= vocab_size:
+        raise ValueError(f"prompts have token ids >= vocab_size ({vocab_size})")
+    _check_fits(target, "target", lengths, max_new_tokens)
+    _check_fits(draft, "draft", lengths, max_new_tokens)
+    return _bind(
+        target,
+        draft,
+        prompts,
+        lengths,
+        keys,
+        max_new_tokens=max_new_tokens,
+        gamma=gamma,
+        sampling=sampling,
+        eos_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        pad_token_id=pad_token_id,
+    )
+
+
+def _shared_vocab(target, draft, vocab_size):
+    vt, vd = target.config.vocab_size, draft.config.vocab_size
+    if vocab_size is None:
+        if vt != vd:
+            raise ValueError(
+                f"target and draft vocabularies differ ({vt} vs {vd}); if one is only padded "
+                "beyond the tokenizer's vocabulary, pass vocab_size=<the tokenizer's size>"
+            )
+        return vt
+    vocab_size = _check_int("vocab_size", vocab_size, 1)
+    if vocab_size > min(vt, vd):
+        raise ValueError(f"vocab_size ({vocab_size}) exceeds a model's vocabulary ({vt}, {vd})")
+    return vocab_size
+
+
+def autoregressive_program(
+    target: Transformer,
+    prompts,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eos_token_id: int | None = None,
+    prompt_lengths=None,
+    pad_token_id: int = 0,
+) -> Callable[[], GenerationOutput]:
+    """The autoregressive program with its inputs validated and bound, not yet run.
+
+    Arguments are those of `autoregressive_generate`.
+    """
+    prompts, lengths, keys, max_new_tokens = _check_common(
+        target, "target", prompts, prompt_lengths, key, max_new_tokens, sampling, eos_token_id
+    )
+    _check_fits(target, "target", lengths, max_new_tokens)
+    return _bind(
+        target,
+        None,
+        prompts,
+        lengths,
+        keys,
+        max_new_tokens=max_new_tokens,
+        gamma=0,
+        sampling=sampling,
+        eos_token_id=eos_token_id,
+        vocab_size=target.config.vocab_size,
+        pad_token_id=pad_token_id,
+    )
 
 
 def speculative_generate(
@@ -584,45 +678,20 @@ def speculative_generate(
     Returns:
       GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
     """
-    prompts, lengths, keys, max_new_tokens = _check_common(
-        target, "target", prompts, prompt_lengths, key, max_new_tokens, sampling, eos_token_id
-    )
-    if not isinstance(draft, Transformer):
-        raise TypeError(f"draft must be a jax_specdec.nn.Transformer, got {type(draft).__name__}")
-    gamma = _check_int("num_draft_tokens", num_draft_tokens, 1)
-    vocab_size = _shared_vocab(target, draft, vocab_size)
-    if int(prompts.max()) >= vocab_size:
-        raise ValueError(f"prompts have token ids >= vocab_size ({vocab_size})")
-    _check_fits(target, "target", lengths, max_new_tokens)
-    _check_fits(draft, "draft", lengths, max_new_tokens)
-    return _run(
+    program = speculative_program(
         target,
         draft,
         prompts,
-        lengths,
-        keys,
+        key=key,
         max_new_tokens=max_new_tokens,
-        gamma=gamma,
+        num_draft_tokens=num_draft_tokens,
         sampling=sampling,
         eos_token_id=eos_token_id,
+        prompt_lengths=prompt_lengths,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,
     )
-
-
-def _shared_vocab(target, draft, vocab_size):
-    vt, vd = target.config.vocab_size, draft.config.vocab_size
-    if vocab_size is None:
-        if vt != vd:
-            raise ValueError(
-                f"target and draft vocabularies differ ({vt} vs {vd}); if one is only padded "
-                "beyond the tokenizer's vocabulary, pass vocab_size=<the tokenizer's size>"
-            )
-        return vt
-    vocab_size = _check_int("vocab_size", vocab_size, 1)
-    if vocab_size > min(vt, vd):
-        raise ValueError(f"vocab_size ({vocab_size}) exceeds a model's vocabulary ({vt}, {vd})")
-    return vocab_size
+    return _checked(program())
 
 
 def autoregressive_generate(
@@ -641,20 +710,14 @@ def autoregressive_generate(
 
     Arguments are those of `speculative_generate`.
     """
-    prompts, lengths, keys, max_new_tokens = _check_common(
-        target, "target", prompts, prompt_lengths, key, max_new_tokens, sampling, eos_token_id
-    )
-    _check_fits(target, "target", lengths, max_new_tokens)
-    return _run(
+    program = autoregressive_program(
         target,
-        None,
         prompts,
-        lengths,
-        keys,
+        key=key,
         max_new_tokens=max_new_tokens,
-        gamma=0,
         sampling=sampling,
         eos_token_id=eos_token_id,
-        vocab_size=target.config.vocab_size,
+        prompt_lengths=prompt_lengths,
         pad_token_id=pad_token_id,
     )
+    return _checked(program())

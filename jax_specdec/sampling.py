@@ -24,7 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingConfig", "probs_from_logits"]
+__all__ = ["SamplingConfig", "probs_from_logits", "sample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,3 +93,18 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig = SamplingConfig
         probs = jnp.where(probs >= threshold, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
+    """One draw per row from probs [B, V] with keys [B], by inverse CDF: int32 [B].
+
+    One uniform per row (cheaper than Gumbel-max's V draws, which matters in the
+    draft's inner loop). A token with zero probability is never drawn: the result is
+    the first index whose cumulative mass exceeds u * total, and that index must add
+    mass.
+    """
+    cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)  # [B, V]
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [B]
+    threshold = (u * cdf[:, -1])[:, None]
+    token = jnp.sum(cdf <= threshold, axis=-1)
+    return jnp.minimum(token, probs.shape[-1] - 1).astype(jnp.int32)

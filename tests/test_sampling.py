@@ -109,3 +109,23 @@ def test_config_is_hashable_and_validates_type():
     assert hash(SamplingConfig()) == hash(SamplingConfig(1, 0, 1))
     with pytest.raises(TypeError, match="SamplingConfig"):
         probs_from_logits(jnp.zeros(3), {"temperature": 1.0})
+
+
+def test_sample_inverse_cdf_distribution_and_zero_mass():
+    import jax
+    from scipy import stats
+
+    from jax_specdec.sampling import sample
+
+    p = np.array([0.0, 0.1, 0.0, 0.45, 0.3, 0.15, 0.0], np.float32)
+    n = 400_000
+    keys = jax.random.split(jax.random.key(0), n)
+    tokens = np.asarray(jax.jit(sample)(keys, jnp.broadcast_to(jnp.asarray(p), (n, p.size))))
+    counts = np.bincount(tokens, minlength=p.size)
+    assert counts[p == 0].sum() == 0
+    support = p > 0
+    expected = n * p[support].astype(np.float64) / p[support].sum()
+    assert stats.chisquare(counts[support], expected).pvalue > 1e-3
+    # One-hot and unnormalised rows.
+    onehot = jnp.asarray([[0, 0, 1.0, 0], [0, 0, 0, 2.0]])
+    assert np.asarray(sample(keys[:2], onehot)).tolist() == [2, 3]
