@@ -12,6 +12,12 @@ import sys
 __all__ = ["main"]
 
 
+def _fail(parser: argparse.ArgumentParser, error: Exception) -> None:
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _distribution(text: str) -> list[float]:
     try:
         return [float(x) for x in text.replace(",", " ").split()]
@@ -57,8 +63,200 @@ def _cmd_balance(args, parser) -> int:
     try:
         text = format_balance(np.asarray(args.p, np.float64), np.asarray(args.q, np.float64))
     except ValueError as e:
-        parser.error(str(e))  # exit code 2, no traceback
+        _fail(parser, e)  # exit code 2, no traceback
     print(text)
+    return 0
+
+
+DEFAULT_TARGET = "models/stdlib-target"
+DEFAULT_DRAFT = "models/stdlib-draft"
+_PRESETS = ("target", "draft", "tiny")
+
+
+def _model_dir(text: str, which: str):
+    """Resolves a model directory: as given, else relative to the installed checkout."""
+    import pathlib
+
+    path = pathlib.Path(text)
+    if not path.is_dir():
+        beside_package = pathlib.Path(__file__).resolve().parent.parent / text
+        if beside_package.is_dir():
+            path = beside_package
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--{which}: {text} is not a model directory (no config.json)")
+    return path
+
+
+def _load_pair(args):
+    from jax_specdec.hf import load_model, load_tokenizer
+
+    target_dir = _model_dir(args.target, "target")
+    draft_dir = _model_dir(args.draft, "draft")
+    target_tok = (
+        (target_dir / "tokenizer.json").read_text()
+        if (target_dir / "tokenizer.json").is_file()
+        else None
+    )
+    draft_tok = (
+        (draft_dir / "tokenizer.json").read_text()
+        if (draft_dir / "tokenizer.json").is_file()
+        else None
+    )
+    if target_tok is None:
+        raise ValueError(f"--target: {target_dir} has no tokenizer.json")
+    if draft_tok is not None and draft_tok != target_tok:
+        raise ValueError(
+            f"the draft's tokenizer ({draft_dir}/tokenizer.json) differs from the target's"
+        )
+    return load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir)
+
+
+def _sampling(args):
+    from jax_specdec.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def _cmd_generate(args, parser) -> int:
+    import json
+    import time
+
+    try:
+        sampling = _sampling(args)
+        if args.prompt_file is not None:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+        elif args.prompt is not None:
+            prompts = [args.prompt]
+        else:
+            prompts = [sys.stdin.read()]
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("the prompt is empty")
+        target, draft, tokenizer = _load_pair(args)
+    except (ValueError, OSError) as e:
+        _fail(parser, e)
+
+    import jax
+    import numpy as np
+
+    from jax_specdec.decode import autoregressive_generate, speculative_generate
+
+    ids = [tokenizer.encode(p).ids for p in prompts]
+    eos = None
+    if args.eos == "auto":
+        eos = tokenizer.token_to_id("<|endoftext|>")
+    elif args.eos != "none":
+        eos = int(args.eos)
+    common = dict(
+        key=jax.random.key(args.seed),
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        eos_token_id=eos,
+    )
+    try:
+        start = time.perf_counter()
+        out = speculative_generate(
+            target, draft, ids, num_draft_tokens=args.num_draft_tokens, **common
+        )
+        jax.block_until_ready(out.tokens)
+        seconds = time.perf_counter() - start
+        ar_seconds = None
+        if args.compare:
+            # Second runs, after compilation: the times compared exclude compile time.
+            start = time.perf_counter()
+            out = speculative_generate(
+                target, draft, ids, num_draft_tokens=args.num_draft_tokens, **common
+            )
+            jax.block_until_ready(out.tokens)
+            seconds = time.perf_counter() - start
+            autoregressive_generate(target, ids, **common).tokens.block_until_ready()
+            start = time.perf_counter()
+            ar = autoregressive_generate(target, ids, **common)
+            jax.block_until_ready(ar.tokens)
+            ar_seconds = time.perf_counter() - start
+    except ValueError as e:
+        _fail(parser, e)
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    texts = [tokenizer.decode(tokens[b, : lengths[b]].tolist()) for b in range(len(ids))]
+    stats = out.stats
+    summary = {
+        "alpha": stats.alpha,
+        "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_round": stats.tokens_per_round(out.lengths),
+        "generated_tokens": int(lengths.sum()),
+        "seconds": seconds,
+        "tokens_per_second": float(lengths.sum() / seconds),
+    }
+    if ar_seconds is not None:
+        summary["autoregressive_seconds"] = ar_seconds
+        summary["speedup"] = ar_seconds / seconds
+        summary["same_text_as_autoregressive"] = bool(np.array_equal(np.asarray(ar.tokens), tokens))
+    if args.json:
+        rows = [
+            {"prompt": p, "text": t, "tokens": tokens[b, : lengths[b]].tolist()}
+            for b, (p, t) in enumerate(zip(prompts, texts, strict=True))
+        ]
+        print(json.dumps({"outputs": rows, "stats": summary}, indent=2))
+        return 0
+    for prompt, text in zip(prompts, texts, strict=True):
+        print(prompt + text)
+        print("-" * 60)
+    line = (
+        f"α {summary['alpha']:.3f} · {summary['tokens_per_round']:.2f} tokens/round · "
+        f"{summary['generated_tokens']} tokens in {seconds:.2f} s "
+        f"({summary['tokens_per_second']:.1f} tokens/s"
+        + (", incl. compilation)" if ar_seconds is None else ")")
+    )
+    if ar_seconds is not None:
+        line += f" · autoregressive {ar_seconds:.2f} s · speedup {summary['speedup']:.2f}x"
+    print(line, file=sys.stderr)
+    return 0
+
+
+def _cmd_train(args, parser) -> int:
+    import json
+    import pathlib
+
+    from jax_specdec.train import TrainConfig
+
+    try:
+        config = TrainConfig(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            seed=args.seed,
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+            divergence=getattr(args, "divergence", "ce"),
+        )
+    except ValueError as e:
+        _fail(parser, e)
+    from jax_specdec import workflow
+
+    out = pathlib.Path(args.out)
+    try:
+        if args.command == "train":
+            result = workflow.train_model(
+                preset=args.preset,
+                out=out,
+                config=config,
+                tokenizer_path=args.tokenizer,
+                vocab_size=args.vocab_size,
+                checkpoint_dir=args.checkpoint_dir,
+            )
+        else:
+            result = workflow.distill_model(
+                target_dir=_model_dir(args.target, "target"),
+                draft_dir=_model_dir(args.draft, "draft"),
+                out=out,
+                config=config,
+                checkpoint_dir=args.checkpoint_dir,
+            )
+    except (ValueError, FileNotFoundError) as e:
+        _fail(parser, e)
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -77,6 +275,56 @@ def build_parser() -> argparse.ArgumentParser:
     bal.add_argument("--p", type=_distribution, default=[0.2, 0.5, 0.3], help="target p")
     bal.add_argument("--q", type=_distribution, default=[0.6, 0.3, 0.1], help="draft q")
     bal.set_defaults(handler=_cmd_balance, parser=bal)
+
+    gen = sub.add_parser(
+        "generate",
+        help="speculative generation with the shipped pair (or any HF model directories)",
+    )
+    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent")
+    gen.add_argument("--prompt-file", help="one prompt per line (\\n for newlines), a batch")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help="target model directory")
+    gen.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model directory")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--eos", default="auto", help="'auto' (<|endoftext|>), 'none' or an id")
+    gen.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run autoregressive decoding and print the speedup",
+    )
+    gen.add_argument("--json", action="store_true", help="machine-readable output")
+    gen.set_defaults(handler=_cmd_generate, parser=gen)
+
+    for name in ("train", "distill"):
+        p = sub.add_parser(
+            name,
+            help="train a model on the standard-library corpus"
+            if name == "train"
+            else "distil a draft towards a target (DistillSpec)",
+        )
+        p.add_argument("--out", required=True, help="output model directory (HF layout)")
+        p.add_argument("--checkpoint-dir", help="orbax checkpoints (default: <out>/checkpoints)")
+        p.add_argument("--steps", type=int, default=2000)
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--seq-len", type=int, default=256)
+        p.add_argument("--learning-rate", type=float, default=3e-3)
+        p.add_argument("--warmup-steps", type=int, default=100)
+        p.add_argument("--eval-every", type=int, default=250)
+        p.add_argument("--checkpoint-every", type=int, default=100)
+        p.add_argument("--seed", type=int, default=0)
+        if name == "train":
+            p.add_argument("--preset", choices=_PRESETS, default="target")
+            p.add_argument("--tokenizer", help="tokenizer.json to use (default: train one)")
+            p.add_argument("--vocab-size", type=int, default=4096)
+        else:
+            p.add_argument("--target", default=DEFAULT_TARGET)
+            p.add_argument("--draft", default=DEFAULT_DRAFT, help="the draft to start from")
+            p.add_argument("--divergence", choices=["kl", "tvd", "jsd"], default="tvd")
+        p.set_defaults(handler=_cmd_train, parser=p)
     return parser
 
 

@@ -1,0 +1,106 @@
+"""`jax-specdec generate` on small model directories built here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from flax import nnx
+
+from jax_specdec.cli import main
+from jax_specdec.data import stdlib_corpus, train_tokenizer
+from jax_specdec.hf import save_model
+from jax_specdec.nn import Transformer, TransformerConfig
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    corpus = stdlib_corpus()
+    tokenizer = train_tokenizer(corpus.read(corpus.train[:10]), 300)
+    vocab = tokenizer.get_vocab_size()
+    target = Transformer(TransformerConfig.tiny(vocab_size=vocab), rngs=nnx.Rngs(0), init_scale=0.3)
+    draft = Transformer(
+        TransformerConfig.tiny(vocab_size=vocab, num_layers=1), rngs=nnx.Rngs(1), init_scale=0.3
+    )
+    save_model(target, root / "target", tokenizer=tokenizer)
+    save_model(draft, root / "draft", tokenizer=tokenizer)
+    other = train_tokenizer(corpus.read(corpus.train[10:20]), 300)
+    save_model(draft, root / "other", tokenizer=other)
+    return root
+
+
+def run_json(pair, *args):
+    argv = ["generate", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--json"]
+    return argv + list(args)
+
+
+def test_generate_json_is_reproducible(pair, capsys):
+    args = run_json(
+        pair, "def f(x):", "--max-new-tokens", "12", "--temperature", "1", "--seed", "3"
+    )
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert first["outputs"] == second["outputs"]
+    out = first["outputs"][0]
+    assert out["prompt"] == "def f(x):" and len(out["tokens"]) <= 12
+    assert 0 <= first["stats"]["alpha"] <= 1
+
+
+def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
+    assert (
+        main(run_json(pair, "import os\n", "--max-new-tokens", "10", "--compare", "--eos", "none"))
+        == 0
+    )
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["same_text_as_autoregressive"] is True
+    assert stats["speedup"] > 0
+
+
+def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("class A:\\n    def\nfor i in\n")
+    argv = [
+        "generate",
+        "--target",
+        str(pair / "target"),
+        "--draft",
+        str(pair / "draft"),
+        "--prompt-file",
+        str(prompts),
+        "--max-new-tokens",
+        "5",
+        "-k",
+        "2",
+    ]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("-" * 60) == 2
+    assert captured.out.startswith("class A:\n    def")
+    assert "tokens/round" in captured.err
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["x", "--target", "/nonexistent"], "not a model directory"),
+        (["x", "--draft", "OTHER"], "tokenizer"),
+        ([""], "prompt is empty"),
+        (["x", "--temperature", "-1"], "temperature"),
+        (["x", "--top-p", "2"], "top_p"),
+        (["x", "--max-new-tokens", "5000"], "max_len"),
+        (["x", "-k", "0"], "num_draft_tokens"),
+    ],
+)
+def test_generate_bad_input_one_line_exit_2(pair, extra, message):
+    extra = [str(pair / "other") if e == "OTHER" else e for e in extra]
+    argv = ["generate", "--target", str(pair / "target"), "--draft", str(pair / "draft"), *extra]
+    proc = subprocess.run(
+        [sys.executable, "-m", "jax_specdec.cli", *argv], capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
