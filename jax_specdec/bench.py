@@ -22,6 +22,7 @@ from jax_specdec.nn import Transformer, init_cache
 __all__ = [
     "Timing",
     "time_call",
+    "time_generation",
     "expected_tokens_per_round",
     "predicted_speedup",
     "decode_step_time",
@@ -153,7 +154,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _time_generation(program, repeats):
+def time_generation(program, repeats):
     """Times a bound generation program (compiled XLA only, no host-side validation);
     returns (Timing, its last GenerationOutput)."""
     outputs = []
@@ -228,7 +229,7 @@ def run_benchmark(
             repeats=repeats,
         )
         if gamma == 0:
-            timing, out = _time_generation(
+            timing, out = time_generation(
                 autoregressive_program(
                     target,
                     prompts,
@@ -290,7 +291,7 @@ def run_benchmark(
             results["rows"].append(baseline)
             continue
 
-        timing, out = _time_generation(
+        timing, out = time_generation(
             speculative_program(
                 target,
                 draft,

@@ -309,3 +309,15 @@ def test_vocabularies_must_match_unless_padded(target):
     assert int(np.asarray(out.tokens).max()) < VOCAB
     with pytest.raises(TypeError, match="draft"):
         speculative_generate(target, "draft", [[1]], key=jax.random.key(0), max_new_tokens=3)
+
+
+def test_nonfinite_logits_are_reported(target, draft):
+    broken = make_model(0)
+    head = broken.lm_head if broken.lm_head is not None else broken.embed
+    head.set_value(head.get_value().at[0, 0].set(jnp.nan))
+    with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
+        out = speculative_generate(broken, draft, [[1, 2]], key=jax.random.key(0),
+                                   max_new_tokens=4)
+    assert bool(np.asarray(out.stats.nonfinite)[0])
+    with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
+        autoregressive_generate(broken, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)

@@ -1,0 +1,196 @@
+"""Measures the shipped pair and writes its model cards, prompt set and figures.
+
+    python scripts/model_cards.py        # after scripts/build_models.sh
+
+Writes models/prompts.txt (benchmark prompts from the validation files, one per line,
+newlines escaped as \\n), models/stdlib-{target,draft}/README.md and
+docs/shipped_pair.{json,md}: validation losses, α before/after distillation, and the
+greedy speedup over autoregressive decoding at batch 1 with its cost-model breakdown.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import jax
+import numpy as np
+
+from jax_specdec.bench import decode_step_time, expected_tokens_per_round, time_generation
+from jax_specdec.data import stdlib_corpus
+from jax_specdec.decode import autoregressive_program, speculative_program
+from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.sampling import SamplingConfig
+from jax_specdec.workflow import benchmark_prompts
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+GAMMAS = (1, 2, 3, 4, 6)
+NUM_PROMPTS = 8
+MAX_NEW = 128
+
+
+def _speed(target, draft, prompts, gamma, sampling):
+    """Sum over prompts (batch 1 each) of median times; α over all of them."""
+    spec_t, ar_t, accepted, rejections, rounds, tokens = 0.0, 0.0, 0, 0, 0, 0
+    for ids in prompts:
+        key = jax.random.key(0)
+        ar = autoregressive_program(
+            target, [ids], key=key, max_new_tokens=MAX_NEW, sampling=sampling, eos_token_id=None
+        )
+        ar_t += time_generation(ar, 3)[0].median
+        if gamma is None:
+            continue
+        spec = speculative_program(
+            target,
+            draft,
+            [ids],
+            key=key,
+            max_new_tokens=MAX_NEW,
+            num_draft_tokens=gamma,
+            sampling=sampling,
+            eos_token_id=None,
+        )
+        timing, out = time_generation(spec, 3)
+        spec_t += timing.median
+        s = out.stats
+        accepted += int(s.accepted.sum())
+        rejections += int((s.rounds - s.accepted_at[:, -1]).sum())
+        rounds += int(s.rounds.sum())
+        tokens += int(out.lengths.sum()) - 1
+    return spec_t, ar_t, accepted / max(accepted + rejections, 1), tokens / max(rounds, 1)
+
+
+def main() -> int:
+    target_dir, draft_dir = MODELS / "stdlib-target", MODELS / "stdlib-draft"
+    target, draft = load_model(target_dir), load_model(draft_dir)
+    tokenizer = load_tokenizer(target_dir)
+    corpus = stdlib_corpus()
+    prompts_text = benchmark_prompts(corpus, 32)
+    (MODELS / "prompts.txt").write_text(
+        "".join(p.replace("\\", "\\\\").replace("\n", "\\n") + "\n" for p in prompts_text)
+    )
+    prompts = [tokenizer.encode(p).ids for p in prompts_text[:NUM_PROMPTS]]
+    context = int(np.mean([len(p) for p in prompts])) + MAX_NEW // 2
+    cache_len = max(len(p) for p in prompts) + MAX_NEW + max(GAMMAS)
+    part = lambda m, t: (
+        decode_step_time(  # noqa: E731
+            m, batch=1, tokens_per_call=t, context=context, cache_len=cache_len
+        ).median
+    )
+    target_step, draft_step, draft_first = part(target, 1), part(draft, 1), part(draft, 2)
+    greedy = SamplingConfig(temperature=0.0)
+    _, ar_time, _, _ = _speed(target, draft, prompts, None, greedy)
+    rows = []
+    for gamma in GAMMAS:
+        spec_time, _, alpha, tpr = _speed(target, draft, prompts, gamma, greedy)
+        verify = part(target, gamma + 1)
+        round_parts = draft_first + (gamma - 1) * draft_step + verify
+        rows.append(
+            {
+                "gamma": gamma,
+                "speedup": ar_time / spec_time,
+                "alpha": alpha,
+                "tokens_per_round": tpr,
+                "verify_ms": 1e3 * verify,
+                "round_parts_ms": 1e3 * round_parts,
+                "predicted_speedup": expected_tokens_per_round(alpha, gamma)
+                * target_step
+                / round_parts,
+            }
+        )
+        print(rows[-1], file=sys.stderr)
+    t_info = json.loads((target_dir / "training.json").read_text())
+    d_info = json.loads((draft_dir / "training.json").read_text())
+    pre = json.loads((draft_dir / "pretraining.json").read_text())
+    figures = {
+        "target_validation_loss": t_info["validation_loss"],
+        "draft_validation_loss_before_distillation": d_info["validation_loss_before"],
+        "draft_validation_loss": d_info["validation_loss"],
+        "alpha_before": d_info["alpha_before"],
+        "alpha_after": d_info["alpha_after"],
+        "target_step_ms": 1e3 * target_step,
+        "draft_step_ms": 1e3 * draft_step,
+        "draft_cost_ratio": target_step / draft_step,
+        "greedy_batch1": rows,
+        "prompts": NUM_PROMPTS,
+        "max_new_tokens": MAX_NEW,
+    }
+    (ROOT / "docs").mkdir(exist_ok=True)
+    (ROOT / "docs" / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
+    table = [
+        "| γ | speedup | predicted | α | tokens/round | verify ms | round parts ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        table.append(
+            f"| {r['gamma']} | {r['speedup']:.2f} | {r['predicted_speedup']:.2f} "
+            f"| {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['verify_ms']:.2f} "
+            f"| {r['round_parts_ms']:.2f} |"
+        )
+    alpha_table = ["| draft | α greedy | α temperature 1 |", "|---|---|---|"]
+    for label, key in (("before distillation", "alpha_before"), ("after", "alpha_after")):
+        a = {x["temperature"]: x["alpha"] for x in d_info[key]}
+        alpha_table.append(f"| {label} | {a[0.0]:.3f} | {a[1.0]:.3f} |")
+    speed_md = "\n".join(table)
+    alpha_md = "\n".join(alpha_table)
+    (ROOT / "docs" / "shipped_pair.md").write_text(
+        f"# The shipped pair, measured\n\nGreedy, batch 1, {NUM_PROMPTS} prompts from "
+        f"`models/prompts.txt`, {MAX_NEW} new tokens each; target decode step "
+        f"{1e3 * target_step:.2f} ms, draft step {1e3 * draft_step:.3f} ms "
+        f"({target_step / draft_step:.1f}x cheaper).\n\n{speed_md}\n\n{alpha_md}\n\n"
+        "Reproduce: `python scripts/model_cards.py`.\n"
+    )
+    corpus_line = (
+        f"the .py files of the Python {t_info['corpus']['python_version']} standard library "
+        f"(tests, IDLE, tkinter, lib2to3 excluded): {t_info['corpus']['train_files']} training "
+        f"files ({t_info['corpus']['train_tokens']:,} tokens, list in `corpus_files.txt` of the "
+        f"build) and {t_info['corpus']['validation_files']} validation files "
+        f"({t_info['corpus']['validation_tokens']:,} tokens), split by a hash of the path"
+    )
+    cards = {
+        target_dir: (
+            "stdlib-target",
+            t_info,
+            f"Llama-style target, {t_info['parameters']:,} parameters "
+            f"(d={t_info['config']['d_model']}, {t_info['config']['num_layers']} layers, "
+            f"{t_info['config']['num_heads']} heads / {t_info['config']['num_kv_heads']} "
+            f"key-value heads, SwiGLU {t_info['config']['mlp_dim']}, tied embeddings).",
+            f"Trained {t_info['train']['steps']} steps of {t_info['train']['batch_size']}x"
+            f"{t_info['train']['seq_len']} tokens ({t_info['tokens_seen']:,} tokens) in "
+            f"{t_info['train_seconds_total'] / 60:.0f} min on 2 CPU cores; validation loss "
+            f"{t_info['validation_loss']:.3f} nats/token.",
+        ),
+        draft_dir: (
+            "stdlib-draft",
+            d_info,
+            f"Llama-style draft, {d_info['parameters']:,} parameters "
+            f"(d={d_info['config']['d_model']}, {d_info['config']['num_layers']} layer), "
+            f"{target_step / draft_step:.0f}x cheaper per decode step than the target.",
+            f"Pre-trained {pre['train']['steps']} steps ({pre['tokens_seen']:,} tokens, "
+            f"{pre['train_seconds_total'] / 60:.0f} min, validation loss "
+            f"{pre['validation_loss']:.3f}), then distilled towards stdlib-target for "
+            f"{d_info['train']['steps']} steps with the {d_info['train']['divergence']} "
+            f"divergence (DistillSpec) in {d_info['train_seconds_total'] / 60:.0f} min; "
+            f"validation loss {d_info['validation_loss']:.3f}.",
+        ),
+    }
+    for directory, (name, _info, what, how) in cards.items():
+        (directory / "README.md").write_text(
+            f"# {name}\n\n{what}\n\nCorpus: {corpus_line}. Byte-level BPE tokenizer with "
+            f"{tokenizer.get_vocab_size()} tokens (`tokenizer.json`, shared by the pair), "
+            "trained on the same files.\n\n"
+            f"{how}\n\nAcceptance of the draft against the target (γ = 4, 16 validation "
+            f"prompts, 64 tokens):\n\n{alpha_md}\n\nSpeculative vs autoregressive decoding, "
+            f"greedy, batch 1:\n\n{speed_md}\n\nLoad with `jax_specdec.hf.load_model` or "
+            "`transformers.AutoModelForCausalLM.from_pretrained`. `training.json` holds the "
+            "full training record. Built by `scripts/build_models.sh`.\n"
+        )
+    print(speed_md)
+    print(alpha_md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
