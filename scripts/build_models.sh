@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The recipe that built models/: tokenizer + target, draft, distilled draft.
-# Each step resumes from its checkpoints if interrupted. About 1.5 hours on 2 CPU cores.
+# Each step resumes from its checkpoints if interrupted. About an hour on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${WORK:-build}
-TARGET_STEPS=${TARGET_STEPS:-3000}
+TARGET_STEPS=${TARGET_STEPS:-1000}
 DRAFT_STEPS=${DRAFT_STEPS:-1500}
-DISTILL_STEPS=${DISTILL_STEPS:-600}
+DISTILL_STEPS=${DISTILL_STEPS:-500}
 
 jax-specdec train --preset target --out "$work/target" --steps "$TARGET_STEPS" \
   --batch-size 16 --seq-len 256 --learning-rate 3e-3

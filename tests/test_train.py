@@ -117,10 +117,11 @@ def test_training_lowers_loss_and_is_deterministic(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_distillation_moves_draft_towards_teacher(tmp_path):
+@pytest.mark.parametrize("divergence", ["tvd", "kl"])
+def test_distillation_moves_draft_towards_teacher(tmp_path, divergence):
     stream = _stream()
-    teacher = Transformer(TransformerConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0), init_scale=0.3)
-    student = Transformer(TransformerConfig.tiny(vocab_size=64, num_layers=1), rngs=nnx.Rngs(1))
+    teacher = Transformer(TransformerConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0), init_scale=0.1)
+    student = Transformer(TransformerConfig.tiny(vocab_size=64), rngs=nnx.Rngs(1), init_scale=0.3)
     windows = sample_windows(stream, batch=8, length=32, seed=99, step=0)[:, :-1]
 
     def tv():
@@ -130,15 +131,15 @@ def test_distillation_moves_draft_towards_teacher(tmp_path):
 
     before = tv()
     config = TrainConfig(
-        steps=40,
+        steps=60,
         batch_size=8,
         seq_len=32,
         warmup_steps=3,
-        eval_every=40,
+        eval_every=60,
         eval_batches=1,
-        checkpoint_every=40,
+        checkpoint_every=60,
         learning_rate=1e-2,
-        divergence="tvd",
+        divergence=divergence,
     )
     train(
         student,
@@ -149,7 +150,7 @@ def test_distillation_moves_draft_towards_teacher(tmp_path):
         teacher=teacher,
         progress=False,
     )
-    assert tv() < 0.7 * before
+    assert tv() < 0.5 * before
 
 
 @pytest.mark.parametrize(
