@@ -316,8 +316,44 @@ def test_nonfinite_logits_are_reported(target, draft):
     head = broken.lm_head if broken.lm_head is not None else broken.embed
     head.set_value(head.get_value().at[0, 0].set(jnp.nan))
     with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
-        out = speculative_generate(broken, draft, [[1, 2]], key=jax.random.key(0),
-                                   max_new_tokens=4)
+        out = speculative_generate(broken, draft, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)
     assert bool(np.asarray(out.stats.nonfinite)[0])
     with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
         autoregressive_generate(broken, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)
+
+
+def _copies_outside_entry(hlo: str, shape: str) -> int:
+    """Copies of arrays of `shape` in any computation but the entry (loop bodies etc.)."""
+    count, in_entry = 0, False
+    for line in hlo.splitlines():
+        if line and not line.startswith(" "):
+            in_entry = line.startswith("ENTRY")
+        if (
+            not in_entry
+            and f"{shape}" in line
+            and " copy(" in line
+            and line.strip().startswith("%")
+        ):
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_compiled_loop_does_not_copy_caches(target, draft, speculative):
+    prompts = [[1, 2, 3], [4]]
+    if speculative:
+        program = decode_module.speculative_program(
+            target, draft, prompts, key=jax.random.key(0), max_new_tokens=8, num_draft_tokens=3
+        )
+    else:
+        program = decode_module.autoregressive_program(
+            target, prompts, key=jax.random.key(0), max_new_tokens=8
+        )
+    hlo = program.func.lower(*program.args, **program.keywords).compile().as_text()
+    assert "while" in hlo  # one program: the loop over rounds is inside it
+    cache_len = program.keywords["cache_len"]
+    for model in [target, draft] if speculative else [target]:
+        c = model.config
+        shape = f"f32[2,{c.num_kv_heads},{cache_len},{c.head_dim}]"
+        assert shape in hlo
+        assert _copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
