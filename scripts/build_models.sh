@@ -22,5 +22,6 @@ for pair in "target:stdlib-target" "draft-distilled:stdlib-draft"; do
   mkdir -p "models/$dst"
   cp "$work/$src"/{config.json,model.safetensors,tokenizer.json,training.json} "models/$dst/"
 done
+cp "$work/target/corpus_files.txt" models/stdlib-target/
 cp "$work/draft/training.json" models/stdlib-draft/pretraining.json
 python scripts/model_cards.py
