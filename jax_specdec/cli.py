@@ -139,13 +139,17 @@ def _cmd_generate(args, parser) -> int:
     import jax
     import numpy as np
 
-    from jax_specdec.decode import autoregressive_generate, speculative_generate
+    from jax_specdec.decode import speculative_generate
 
     ids = [tokenizer.encode(p).ids for p in prompts]
     eos = None
     if args.eos == "auto":
         eos = tokenizer.token_to_id("<|endoftext|>")
     elif args.eos != "none":
+        if not args.eos.isdigit():
+            _fail(
+                parser, ValueError(f"--eos must be 'auto', 'none' or a token id, got {args.eos!r}")
+            )
         eos = int(args.eos)
     common = dict(
         key=jax.random.key(args.seed),
@@ -162,18 +166,19 @@ def _cmd_generate(args, parser) -> int:
         seconds = time.perf_counter() - start
         ar_seconds = None
         if args.compare:
-            # Second runs, after compilation: the times compared exclude compile time.
-            start = time.perf_counter()
-            out = speculative_generate(
-                target, draft, ids, num_draft_tokens=args.num_draft_tokens, **common
+            # Medians of 3 runs of each compiled program, compilation excluded.
+            from jax_specdec.bench import time_generation
+            from jax_specdec.decode import autoregressive_program, speculative_program
+
+            timing, out = time_generation(
+                speculative_program(
+                    target, draft, ids, num_draft_tokens=args.num_draft_tokens, **common
+                ),
+                3,
             )
-            jax.block_until_ready(out.tokens)
-            seconds = time.perf_counter() - start
-            autoregressive_generate(target, ids, **common).tokens.block_until_ready()
-            start = time.perf_counter()
-            ar = autoregressive_generate(target, ids, **common)
-            jax.block_until_ready(ar.tokens)
-            ar_seconds = time.perf_counter() - start
+            seconds = timing.median
+            ar_timing, ar = time_generation(autoregressive_program(target, ids, **common), 3)
+            ar_seconds = ar_timing.median
     except ValueError as e:
         _fail(parser, e)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
@@ -205,7 +210,7 @@ def _cmd_generate(args, parser) -> int:
         f"α {summary['alpha']:.3f} · {summary['tokens_per_round']:.2f} tokens/round · "
         f"{summary['generated_tokens']} tokens in {seconds:.2f} s "
         f"({summary['tokens_per_second']:.1f} tokens/s"
-        + (", incl. compilation)" if ar_seconds is None else ")")
+        + (", incl. compilation)" if ar_seconds is None else ", median of 3)")
     )
     if ar_seconds is not None:
         line += f" · autoregressive {ar_seconds:.2f} s · speedup {summary['speedup']:.2f}x"
