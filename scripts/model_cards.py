@@ -146,7 +146,8 @@ def main() -> int:
         f"the .py files of the Python {t_info['corpus']['python_version']} standard library "
         f"(tests, IDLE, tkinter, lib2to3 excluded): {t_info['corpus']['train_files']} training "
         f"files ({t_info['corpus']['train_tokens']:,} tokens, listed in "
-        f"`stdlib-target/corpus_files.txt`) and {t_info['corpus']['validation_files']} validation files "
+        f"`stdlib-target/corpus_files.txt`) and {t_info['corpus']['validation_files']} "
+        "validation files "
         f"({t_info['corpus']['validation_tokens']:,} tokens), split by a hash of the path"
     )
     cards = {
