@@ -209,7 +209,7 @@ def test_corpus_split_and_tokenizer_round_trip():
         sample_windows(stream[:10], batch=1, length=16, seed=0, step=0)
 
 
-def test_shipped_models_card_matches(tmp_path):
+def test_shipped_models_load_here_and_in_transformers():
     """The shipped directories load, share a tokenizer and carry their training record."""
     from jax_specdec.hf import load_model
 
@@ -219,6 +219,14 @@ def test_shipped_models_card_matches(tmp_path):
         model = load_model(path)
         info = json.load(open(os.path.join(path, "training.json")))
         assert info["config"]["vocab_size"] == model.config.vocab_size
+        # Hugging Face loads the shipped directory and computes the same logits.
+        torch = pytest.importorskip("torch")
+        transformers = pytest.importorskip("transformers")
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+        ids = np.array([[5, 100, 2000, 7, 42, 9, 300]])
+        with torch.no_grad():
+            expected = hf(torch.tensor(ids)).logits.numpy()
+        np.testing.assert_allclose(np.asarray(model(ids)), expected, atol=1e-4)
     with (
         open(os.path.join(root, "stdlib-target", "tokenizer.json")) as a,
         open(os.path.join(root, "stdlib-draft", "tokenizer.json")) as b,
