@@ -6,6 +6,7 @@ runs the whole recipe that produced `models/`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -121,7 +122,7 @@ def train_model(
         "preset": preset,
         "config": model_config.to_dict(),
         "parameters": _count(model),
-        "train": dataclass_dict(config),
+        "train": dataclasses.asdict(config),
         "train_seconds_this_run": time.perf_counter() - start,
         "train_seconds_total": log["seconds"],
         "tokens_seen": log["tokens_seen"],
@@ -140,12 +141,6 @@ def train_model(
     (out / "corpus_files.txt").write_text("\n".join(corpus.train) + "\n")
     _write_card(out, info)
     return {k: v for k, v in info.items() if k not in ("corpus", "validation_curve")}
-
-
-def dataclass_dict(obj) -> dict:
-    import dataclasses
-
-    return dataclasses.asdict(obj)
 
 
 def _count(model) -> int:
@@ -217,7 +212,7 @@ def distill_model(
     info = {
         "distilled_from": str(draft_dir),
         "teacher": str(target_dir),
-        "train": dataclass_dict(config),
+        "train": dataclasses.asdict(config),
         "train_seconds_total": log["seconds"],
         "tokens_seen": log["tokens_seen"],
         "validation_loss_before": loss_before,
