@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The recipe that built models/: tokenizer + target, draft, distilled draft.
-# Each step resumes from its checkpoints if interrupted. About an hour on 2 CPU cores.
+# Each step resumes from its checkpoints if interrupted. About 100 minutes on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${WORK:-build}
-TARGET_STEPS=${TARGET_STEPS:-1000}
+TARGET_STEPS=${TARGET_STEPS:-2000}
 DRAFT_STEPS=${DRAFT_STEPS:-1500}
 DISTILL_STEPS=${DISTILL_STEPS:-500}
 
