@@ -64,6 +64,7 @@ def accept_with_noise(
     draft_tokens: jax.Array,
     draft_probs: jax.Array | None,
     target_probs: jax.Array,
+    num_drafted: jax.Array | None = None,
 ) -> AcceptResult:
     """The acceptance step with its randomness given explicitly (for testing and reuse).
 
@@ -73,6 +74,9 @@ def accept_with_noise(
       draft_tokens: [B, γ] int32.
       draft_probs: [B, γ, V] float32 q, or None for a deterministic proposer (q one-hot).
       target_probs: [B, γ+1, V] float32 p.
+      num_drafted: optional [B] int32 in [0, γ]: row b drafted only its first
+        num_drafted[b] tokens (the rest are ignored; its bonus token comes from
+        p_{num_drafted[b]+1}). None: all γ.
 
     Returns:
       AcceptResult(num_accepted [B], next_token [B]).
@@ -87,15 +91,21 @@ def accept_with_noise(
     p_x = jnp.take_along_axis(target_probs[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
     q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
     passed = uniforms.astype(jnp.float32) * q_x < p_x  # [B, γ]
+    if num_drafted is None:
+        num_drafted = jnp.full((batch,), gamma, jnp.int32)
+    passed &= jnp.arange(gamma)[None] < num_drafted[:, None]
     num_accepted = jnp.sum(jnp.cumprod(passed.astype(jnp.int32), axis=1), axis=1)  # [B]
 
-    # Position num_accepted: a correction from max(0, p - q), or (num_accepted == γ)
-    # the bonus from p_{γ+1}, which is the same formula with q_{γ+1} = 0.
+    # Position num_accepted: a correction from max(0, p - q), or (all drafts accepted)
+    # the bonus from p, which is the same formula with q = 0.
     rows = jnp.arange(batch)
     p_next = target_probs[rows, num_accepted]  # [B, V]
-    q_padded = jnp.concatenate([draft_probs, jnp.zeros((batch, 1, vocab), jnp.float32)], axis=1)
-    q_next = q_padded[rows, num_accepted]  # [B, V]
-    residual = jnp.maximum(p_next - q_next, 0.0)
+    if gamma == 0:
+        residual = p_next
+    else:
+        q_next = draft_probs[rows, jnp.minimum(num_accepted, gamma - 1)]  # [B, V]
+        bonus = (num_accepted >= num_drafted)[:, None]
+        residual = jnp.maximum(p_next - jnp.where(bonus, 0.0, q_next), 0.0)
     degenerate = jnp.sum(residual, axis=-1, keepdims=True) < RESIDUAL_FLOOR
     residual = jnp.where(degenerate, p_next, residual)
     # Gumbel-max: argmax(log r + g) ~ norm(r); log 0 = -inf is never chosen.
@@ -123,6 +133,7 @@ def accept(
     draft_tokens: jax.Array,
     draft_probs: jax.Array | None,
     target_probs: jax.Array,
+    num_drafted: jax.Array | None = None,
 ) -> AcceptResult:
     """One speculative round for a batch of rows, with one PRNG key per row.
 
@@ -134,6 +145,8 @@ def accept(
       draft_probs: [B, γ, V] the draft's q after the sampling transforms, or None for a
         deterministic proposer (q one-hot on the drafted token).
       target_probs: [B, γ+1, V] the target's p after the same transforms.
+      num_drafted: optional [B] ints in [0, γ], drafts per row when rows drafted
+        different numbers of tokens (see `accept_with_noise`).
 
     Returns:
       AcceptResult(num_accepted [B] in [0, γ], next_token [B]).
@@ -152,4 +165,14 @@ def accept(
         )
 
     uniforms, gumbels = jax.vmap(noise)(keys)
-    return accept_with_noise(uniforms, gumbels, draft_tokens, draft_probs, target_probs)
+    if num_drafted is not None:
+        num_drafted = jnp.asarray(num_drafted)
+        if num_drafted.shape != (batch,) or not jnp.issubdtype(num_drafted.dtype, jnp.integer):
+            raise ValueError(
+                f"num_drafted must be [B] = [{batch}] integers, got "
+                f"{num_drafted.dtype} {num_drafted.shape}"
+            )
+        num_drafted = jnp.clip(num_drafted, 0, gamma).astype(jnp.int32)
+    return accept_with_noise(
+        uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted
+    )

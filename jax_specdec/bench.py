@@ -28,6 +28,7 @@ __all__ = [
     "decode_step_time",
     "bare_matmul_time",
     "peak_rss_mib",
+    "calibrate_costs",
 ]
 
 
@@ -147,6 +148,40 @@ def bare_matmul_time(
     timing = time_call(lambda: run(weights), repeats)
     del graphdef, state
     return Timing(timing.first, timing.median / steps, tuple(t / steps for t in timing.runs))
+
+
+def calibrate_costs(
+    target: Transformer,
+    draft: Transformer,
+    *,
+    batch: int,
+    context: int,
+    max_gamma: int,
+    cache_len: int | None = None,
+    repeats: int = 5,
+    prior_alpha: float = 0.6,
+):
+    """A `schedules.CostModel` from measured costs at this batch size and context: one
+    draft step, and a target call on k = 1 … max_gamma + 1 tokens per row."""
+    from jax_specdec.schedules import CostModel
+
+    cache_len = context + max_gamma + 2 if cache_len is None else cache_len
+
+    def step(model, tokens):
+        return decode_step_time(
+            model,
+            batch=batch,
+            tokens_per_call=tokens,
+            context=context,
+            cache_len=cache_len,
+            repeats=repeats,
+        ).median
+
+    return CostModel(
+        draft_cost=step(draft, 1),
+        verify_costs=tuple(step(target, k + 1) for k in range(max_gamma + 1)),
+        prior_alpha=prior_alpha,
+    )
 
 
 def peak_rss_mib() -> float:

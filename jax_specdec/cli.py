@@ -70,6 +70,7 @@ def _cmd_balance(args, parser) -> int:
 
 DEFAULT_TARGET = "models/stdlib-target"
 DEFAULT_DRAFT = "models/stdlib-draft"
+DEFAULT_PROMPTS = "models/prompts.txt"
 _PRESETS = ("target", "draft", "tiny")
 
 
@@ -124,8 +125,7 @@ def _cmd_generate(args, parser) -> int:
     try:
         sampling = _sampling(args)
         if args.prompt_file is not None:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+            prompts = _read_prompts(args.prompt_file)
         elif args.prompt is not None:
             prompts = [args.prompt]
         else:
@@ -265,6 +265,80 @@ def _cmd_train(args, parser) -> int:
     return 0
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers such as 1,8,32, got {text!r}"
+        ) from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers such as 0,1, got {text!r}") from None
+
+
+def _unescape(line: str) -> str:
+    """A prompt-file line: `\\n` is a newline, `\\\\` a backslash."""
+    import re
+
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
+
+
+def _read_prompts(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        prompts = [_unescape(line.rstrip("\n")) for line in f if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def _cmd_sweep(args, parser) -> int:
+    import pathlib
+
+    try:
+        if not args.batches or min(args.batches) < 1:
+            raise ValueError(f"--batches must be positive integers, got {args.batches}")
+        if not args.gammas or min(args.gammas) < 1:
+            raise ValueError(f"--gammas must be positive integers, got {args.gammas}")
+        if args.max_gamma < max(args.gammas):
+            raise ValueError(f"--max-gamma ({args.max_gamma}) < largest --gammas")
+        if not args.temperatures or min(args.temperatures) < 0:
+            raise ValueError(f"--temperatures must be >= 0, got {args.temperatures}")
+        if not 0.0 <= args.threshold <= 1.0:
+            raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
+        if args.max_new_tokens < 1 or args.repeats < 1:
+            raise ValueError("--max-new-tokens and --repeats must be >= 1")
+        prompts = _read_prompts(args.prompts)
+        target, draft, tokenizer = _load_pair(args)
+    except (ValueError, OSError) as e:
+        _fail(parser, e)
+    from jax_specdec.sweep import markdown_table, run_sweep, write_report
+
+    ids = [tokenizer.encode(p).ids for p in prompts]
+    results = run_sweep(
+        target,
+        draft,
+        ids,
+        batches=args.batches,
+        temperatures=args.temperatures,
+        gammas=args.gammas,
+        max_gamma=args.max_gamma,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    results["models"] = {"target": str(args.target), "draft": str(args.draft)}
+    paths = write_report(results, pathlib.Path(args.out))
+    print(markdown_table(results))
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-specdec", description="Exact speculative decoding in JAX."
@@ -303,6 +377,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--json", action="store_true", help="machine-readable output")
     gen.set_defaults(handler=_cmd_generate, parser=gen)
+
+    sw = sub.add_parser(
+        "sweep",
+        help="time draft-length schedules x γ x temperature x batch; JSON, plots, table",
+    )
+    sw.add_argument("--target", default=DEFAULT_TARGET, help="target model directory")
+    sw.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model directory")
+    sw.add_argument("--prompts", default=DEFAULT_PROMPTS, help="one prompt per line (\\n escapes)")
+    sw.add_argument("--batches", type=_ints, default=[1, 8, 32, 64])
+    sw.add_argument("--temperatures", type=_floats, default=[0.0, 1.0])
+    sw.add_argument("--gammas", type=_ints, default=[1, 2, 3, 4, 6], help="constant γ values")
+    sw.add_argument("--max-gamma", type=int, default=6, help="cap of the dynamic schedules")
+    sw.add_argument("--threshold", type=float, default=0.4, help="confidence threshold τ")
+    sw.add_argument("--max-new-tokens", type=int, default=64)
+    sw.add_argument("--repeats", type=int, default=3)
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out", default="docs/sweep", help="output directory")
+    sw.set_defaults(handler=_cmd_sweep, parser=sw)
 
     for name in ("train", "distill"):
         p = sub.add_parser(

@@ -30,9 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jax_specdec.acceptance import accept
-from jax_specdec.nn import KVCache, Transformer, init_cache
+from jax_specdec.acceptance import accept_with_noise
+from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
+from jax_specdec.proposers import NGram
 from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample
+from jax_specdec.schedules import SCHEDULES, Constant, Heuristic, Schedule, ScheduleStats
 
 __all__ = [
     "GenerationOutput",
@@ -53,9 +55,13 @@ class GenerationStats:
       target_calls: [] target forward calls of the whole batch, prefill included.
       drafted: [B] drafted tokens.
       accepted: [B] drafted tokens accepted.
-      accepted_at: [B, γ] rounds in which draft position i (0-based) was accepted; the
-        acceptance rate at position i is accepted_at[:, i] / rounds. Empty for
-        autoregressive decoding.
+      rejected: [B] rounds that ended with a drafted token rejected.
+      drafted_at: [B, γ_max] rounds in which the row drafted a token at position i
+        (0-based); the acceptance rate at position i is accepted_at / drafted_at.
+      accepted_at: [B, γ_max] rounds in which draft position i was accepted. Both are
+        empty for autoregressive decoding.
+      gamma_rounds: [γ_max + 1] rounds of the whole batch run with each draft width
+        (0: a plain target step).
       nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
         to be trusted; a warning is raised too).
     """
@@ -64,7 +70,10 @@ class GenerationStats:
     target_calls: jax.Array
     drafted: jax.Array
     accepted: jax.Array
+    rejected: jax.Array
+    drafted_at: jax.Array
     accepted_at: jax.Array
+    gamma_rounds: jax.Array
     nonfinite: jax.Array
 
     @property
@@ -82,16 +91,36 @@ class GenerationStats:
         accepted / (accepted + rejections): each round tests drafts up to its first
         rejection, if any (the maximum-likelihood estimate for geometric run lengths).
         """
-        gamma = self.accepted_at.shape[1]
-        if gamma == 0:
+        if self.accepted_at.shape[1] == 0:
             return float("nan")
-        rejections = jnp.sum(self.rounds - self.accepted_at[:, gamma - 1])
         accepted = jnp.sum(self.accepted)
-        return float(accepted / jnp.maximum(accepted + rejections, 1))
+        return float(accepted / jnp.maximum(accepted + jnp.sum(self.rejected), 1))
 
     def tokens_per_round(self, lengths: jax.Array) -> float:
         """Mean tokens emitted per round (the prefill's first token not counted)."""
         return float(jnp.sum(lengths - 1) / jnp.maximum(jnp.sum(self.rounds), 1))
+
+    def acceptance_at(self) -> np.ndarray:
+        """[γ_max] acceptance rate of each draft position over the batch (NaN if unused)."""
+        drafted = np.asarray(jnp.sum(self.drafted_at, axis=0), np.float64)
+        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(drafted > 0, accepted / drafted, np.nan)
+
+    @staticmethod
+    def merge(stats: Sequence[GenerationStats]) -> GenerationStats:
+        """The counters of several calls as one (rows concatenated, batch counts summed)."""
+        if not stats:
+            raise ValueError("merge needs at least one GenerationStats")
+        rows = ("rounds", "drafted", "accepted", "rejected", "drafted_at", "accepted_at")
+        fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in rows}
+        fields["nonfinite"] = jnp.concatenate([s.nonfinite for s in stats])
+        fields["target_calls"] = sum(s.target_calls for s in stats)
+        width = max(s.gamma_rounds.shape[0] for s in stats)
+        fields["gamma_rounds"] = sum(
+            jnp.pad(s.gamma_rounds, (0, width - s.gamma_rounds.shape[0])) for s in stats
+        )
+        return GenerationStats(**fields)
 
 
 class GenerationOutput(NamedTuple):
@@ -118,6 +147,8 @@ class _LoopState:
     draft_cache: KVCache | None
     done: jax.Array  # [B] bool
     round: jax.Array  # [] int32, rounds run so far
+    last_gamma: jax.Array  # [B] tokens drafted by the row in the previous round
+    last_accepted: jax.Array  # [B] of which accepted
     stats: GenerationStats
 
 
@@ -271,7 +302,7 @@ def _init_state(
     keys,
     *,
     max_new_tokens,
-    gamma,
+    gamma_max,
     sampling,
     eos_token_id,
     vocab_size,
@@ -290,12 +321,16 @@ def _init_state(
         jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), probs_from_logits(logits, sampling)
     )
     tokens = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(prompts)
+    zeros = jnp.zeros((batch,), jnp.int32)
     stats = GenerationStats(
-        rounds=jnp.zeros((batch,), jnp.int32),
+        rounds=zeros,
         target_calls=jnp.ones((), jnp.int32),
-        drafted=jnp.zeros((batch,), jnp.int32),
-        accepted=jnp.zeros((batch,), jnp.int32),
-        accepted_at=jnp.zeros((batch, gamma), jnp.int32),
+        drafted=zeros,
+        accepted=zeros,
+        rejected=zeros,
+        drafted_at=jnp.zeros((batch, gamma_max), jnp.int32),
+        accepted_at=jnp.zeros((batch, gamma_max), jnp.int32),
+        gamma_rounds=jnp.zeros((gamma_max + 1,), jnp.int32),
         nonfinite=_nonfinite(logits),
     )
     state = _LoopState(
@@ -305,6 +340,8 @@ def _init_state(
         draft_cache=draft_cache,
         done=jnp.zeros((batch,), bool),
         round=jnp.zeros((), jnp.int32),
+        last_gamma=zeros,
+        last_accepted=zeros,
         stats=stats,
     )
     state, _ = _emit(
@@ -318,83 +355,356 @@ def _init_state(
     return state
 
 
-def _draft(draft, state, keys, *, gamma, sampling, vocab_size):
-    """γ draft steps: the first feeds the last two tokens, then one token per step.
+class _Noise(NamedTuple):
+    """One round's randomness for each row, drawn at the widest γ so that a row's noise
+    does not depend on how wide its batch's round is."""
 
-    Returns drafted tokens [B, γ], their q [B, γ, V] and the draft cache.
-    """
-    step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)  # [B, γ]
-    cache = state.draft_cache.replace(lengths=state.lengths - 2)
+    draft_keys: jax.Array  # [B, γ_max] one key per draft step
+    uniforms: jax.Array  # [B, γ_max] acceptance tests
+    gumbels: jax.Array  # [B, V] the correction / bonus draw
 
-    def step(cache, inputs, key):
-        logits, cache = draft.decode(inputs, cache)
-        q = probs_from_logits(logits[:, -1, :vocab_size], sampling)  # [B, V]
-        return cache, sample(key, q), q, _nonfinite(logits[:, -1])
 
-    cache, x, q, bad = step(cache, _gather_last(state.tokens, state.lengths, 2), step_keys[:, 0])
+def _round_noise(keys, round_index, gamma_max, vocab_size) -> _Noise:
+    round_keys = jax.vmap(lambda k: jax.random.fold_in(k, round_index))(keys)
+    split = jax.vmap(jax.random.split)(round_keys)  # [B, 2]: draft, acceptance
 
-    def body(carry, key):
-        cache, x = carry
-        cache, x, q, bad = step(cache, x[:, None], key)
-        return (cache, x), (x, q, bad)
+    def accept_noise(key):  # as `acceptance.accept` draws it
+        accept_key, residual_key = jax.random.split(key)
+        return (
+            jax.random.uniform(accept_key, (gamma_max,), jnp.float32),
+            jax.random.gumbel(residual_key, (vocab_size,), jnp.float32),
+        )
 
-    # Unrolled: γ is small and static, and a rolled loop costs more per step than the
-    # small draft model itself on CPU.
-    (cache, _), (xs, qs, bads) = jax.lax.scan(
-        body, (cache, x), jnp.swapaxes(step_keys[:, 1:], 0, 1), unroll=True
+    uniforms, gumbels = jax.vmap(accept_noise)(split[:, 1])
+    draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma_max))(split[:, 0])
+    return _Noise(draft_keys, uniforms, gumbels)
+
+
+def _schedule_stats(state, prompt_lengths) -> ScheduleStats:
+    s = state.stats
+    return ScheduleStats(
+        round=state.round,
+        active=~state.done,
+        generated=state.lengths - prompt_lengths,
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        rejected=s.rejected,
+        last_gamma=state.last_gamma,
+        last_accepted=state.last_accepted,
     )
-    drafted = jnp.concatenate([x[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
-    probs = jnp.concatenate([q[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-    return drafted, probs, cache, bad | jnp.any(bads, axis=0)
 
 
-def _speculative_round(
+def _draft_step(draft, sampling, vocab_size):
+    """One draft call on a read-only cache: returns x [B], q [B, V], the new entries, a
+    NaN flag [B] and the draft's confidence in x: q(x), or under greedy decoding
+    (q one-hot) the softmax of the raw logits at x."""
+
+    def step(cache, recent, inputs, key):
+        logits, keys, values = draft.decode_entries(inputs, cache, recent)
+        logits = logits[:, -1, :vocab_size]
+        q = probs_from_logits(logits, sampling)  # [B, V]
+        x = sample(key, q)
+        conf = q if sampling.temperature > 0 else jax.nn.softmax(logits, axis=-1)
+        conf = jnp.take_along_axis(conf, x[:, None], axis=1)[:, 0]
+        return x, q, (keys, values), _nonfinite(logits), conf
+
+    return step
+
+
+def _catch_up(draft, cache, tokens, lengths, needed, chunk: int = 4):
+    """Brings the draft cache to `lengths - 2` valid positions in the rows where `needed`,
+    after rounds that did not run the draft (γ = 0). A no-op check when it is there."""
+    goal = jnp.where(needed, lengths - 2, 0)
+    width = tokens.shape[1]
+
+    def body(cache):
+        idx = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)
+        chunk_tokens = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
+        _, new = draft.decode(chunk_tokens, cache)
+        # Rows already there wrote only past their valid entries; they keep their length.
+        behind = cache.lengths < goal
+        return new.replace(
+            lengths=jnp.where(behind, jnp.minimum(cache.lengths + chunk, goal), cache.lengths)
+        )
+
+    return jax.lax.while_loop(lambda c: jnp.any(c.lengths < goal), body, cache)
+
+
+def _pad_entries(entries, size):
+    """Per-layer [B, T, K, hd] entries padded with zeros to T = size."""
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, size - a.shape[1]), (0, 0), (0, 0)))  # noqa: E731
+    return tuple(tuple(map(pad, part)) for part in entries)
+
+
+def _draft(draft, cache, tokens, lengths, draft_keys, *, gamma, sampling, vocab_size):
+    """γ draft steps, unrolled, on a read-only cache valid below `lengths - 2`: the first
+    feeds the last two tokens, then one token per step, with this round's entries kept
+    aside. Returns drafted [B, γ], q [B, γ, V], entries (γ+1 per layer, for positions
+    lengths - 2 …) and a NaN flag [B].
+    """
+    step = _draft_step(draft, sampling, vocab_size)
+    cache = cache.replace(lengths=lengths - 2)
+    x, q, entries, bad, _ = step(cache, None, _gather_last(tokens, lengths, 2), draft_keys[:, 0])
+    xs, qs = [x], [q]
+    for i in range(1, gamma):  # unrolled: γ is small, and a rolled loop costs more on CPU
+        recent = (*entries, jnp.full_like(lengths, entries[0][0].shape[1]))
+        x, q, new, step_bad, _ = step(cache, recent, x[:, None], draft_keys[:, i])
+        entries = tuple(
+            tuple(jnp.concatenate([a, b], axis=1) for a, b in zip(old, fresh, strict=True))
+            for old, fresh in zip(entries, new, strict=True)
+        )
+        xs.append(x)
+        qs.append(q)
+        bad = bad | step_bad
+    return jnp.stack(xs, axis=1), jnp.stack(qs, axis=1), entries, bad
+
+
+def _draft_until(
+    draft, cache, tokens, lengths, done, draft_keys, *, threshold, sampling, vocab_size
+):
+    """The confidence-threshold draft: up to γ_max steps in an early-exit loop; a row
+    stops after a token whose draft probability is below `threshold`.
+
+    Returns drafted [B, γ_max], q [B, γ_max, V], counts [B], entries (γ_max + 1 per
+    layer, for positions lengths - 2 …) and a NaN flag [B].
+    """
+    batch, gamma_max = draft_keys.shape
+    step = _draft_step(draft, sampling, vocab_size)
+    cache = cache.replace(lengths=lengths - 2)
+    x, q, entries, bad, conf = step(cache, None, _gather_last(tokens, lengths, 2), draft_keys[:, 0])
+    entries = _pad_entries(entries, gamma_max + 1)
+    drafted = jnp.zeros((batch, gamma_max), jnp.int32).at[:, 0].set(x)
+    probs = jnp.zeros((batch, gamma_max, q.shape[-1]), jnp.float32).at[:, 0].set(q)
+    going = conf >= threshold
+    counts = jnp.ones((batch,), jnp.int32)
+
+    def cond(carry):
+        i, going = carry[0], carry[5]
+        return (i < gamma_max) & jnp.any(going & ~done)
+
+    def body(carry):
+        i, x, drafted, probs, entries, going, counts, bad = carry
+        key = jax.lax.dynamic_index_in_dim(draft_keys, i, axis=1, keepdims=False)
+        recent = (*entries, jnp.full_like(lengths, i + 1))
+        x, q, new, step_bad, conf = step(cache, recent, x[:, None], key)
+        drafted = jax.lax.dynamic_update_index_in_dim(drafted, x, i, axis=1)
+        probs = jax.lax.dynamic_update_index_in_dim(probs, q, i, axis=1)
+        entries = tuple(
+            tuple(
+                jax.lax.dynamic_update_slice_in_dim(a, b, i + 1, axis=1)
+                for a, b in zip(old, fresh, strict=True)
+            )
+            for old, fresh in zip(entries, new, strict=True)
+        )
+        counts = counts + going
+        bad = bad | (going & step_bad)
+        going = going & (conf >= threshold)
+        return i + 1, x, drafted, probs, entries, going, counts, bad
+
+    carry = (jnp.int32(1), x, drafted, probs, entries, going, counts, bad)
+    _, _, drafted, probs, entries, _, counts, bad = jax.lax.while_loop(cond, body, carry)
+    return drafted, probs, counts, entries, bad
+
+
+def _verify(
     target,
-    draft,
+    cache,
     state,
-    keys,
+    drafted,
+    q,
+    counts,
+    draft_bad,
+    noise,
     prompt_lengths,
     *,
-    gamma,
+    width,
     sampling,
     max_new_tokens,
     eos_token_id,
     vocab_size,
 ):
-    round_keys = jax.vmap(lambda k: jax.random.fold_in(k, state.round + 1))(keys)
-    split = jax.vmap(jax.random.split)(round_keys)  # [B, 2]
-    drafted, q, draft_cache, draft_bad = _draft(
-        draft, state, split[:, 0], gamma=gamma, sampling=sampling, vocab_size=vocab_size
-    )
+    """The target scores the pending token and `width` drafts on its read-only cache;
+    row b's first counts[b] drafts go through the acceptance step; the accepted run and
+    the correction (or bonus) token are appended. `width` = 0 is a plain decode step.
+
+    Returns the state (caches untouched) and the target's entries for positions
+    lengths - 1 …, padded to γ_max + 1 per layer.
+    """
+    gamma_max = state.stats.accepted_at.shape[1]
+    drafted = drafted[:, :width]
+    q = None if q is None else q[:, :width]
     pending = _gather_last(state.tokens, state.lengths, 1)
-    target_cache = state.target_cache.replace(lengths=state.lengths - 1)
-    logits, target_cache = target.decode(jnp.concatenate([pending, drafted], axis=1), target_cache)
+    logits, keys, values = target.decode_entries(
+        jnp.concatenate([pending, drafted], axis=1), cache.replace(lengths=state.lengths - 1)
+    )
     logits = logits[..., :vocab_size]
-    p = probs_from_logits(logits, sampling)  # [B, γ+1, V]
-    result = accept(split[:, 1], drafted, q, p)
+    p = probs_from_logits(logits, sampling)  # [B, width+1, V]
+    counts = jnp.minimum(counts, width)
+    result = accept_with_noise(noise.uniforms[:, :width], noise.gumbels, drafted, q, p, counts)
+    na = result.num_accepted
 
     new_tokens = jnp.concatenate([drafted, result.next_token[:, None]], axis=1)
-    idx = jnp.arange(gamma + 1, dtype=jnp.int32)
-    new_tokens = jnp.where(
-        idx[None] < result.num_accepted[:, None], new_tokens, result.next_token[:, None]
-    )
+    idx = jnp.arange(width + 1, dtype=jnp.int32)
+    new_tokens = jnp.where(idx[None] < na[:, None], new_tokens, result.next_token[:, None])
     active = ~state.done
-    state = state.replace(target_cache=target_cache, draft_cache=draft_cache)
-    state, _ = _emit(
-        state, new_tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, eos_token_id
-    )
+    state, _ = _emit(state, new_tokens, na + 1, prompt_lengths, max_new_tokens, eos_token_id)
     s = state.stats
     on = active.astype(jnp.int32)
+    at = jnp.arange(gamma_max, dtype=jnp.int32)[None]
     stats = s.replace(
         rounds=s.rounds + on,
         target_calls=s.target_calls + 1,
-        drafted=s.drafted + gamma * on,
-        accepted=s.accepted + result.num_accepted * on,
-        accepted_at=s.accepted_at
-        + (idx[None, :gamma] < result.num_accepted[:, None]) * on[:, None],
+        drafted=s.drafted + counts * on,
+        accepted=s.accepted + na * on,
+        rejected=s.rejected + (na < counts) * on,
+        drafted_at=s.drafted_at + (at < counts[:, None]) * on[:, None],
+        accepted_at=s.accepted_at + (at < na[:, None]) * on[:, None],
+        gamma_rounds=s.gamma_rounds.at[width].add(1),
         nonfinite=s.nonfinite | (active & (_nonfinite(logits) | draft_bad)),
     )
-    return state.replace(stats=stats, round=state.round + 1)
+    state = state.replace(
+        stats=stats,
+        round=state.round + 1,
+        last_gamma=jnp.where(active, counts, state.last_gamma),
+        last_accepted=jnp.where(active, na, state.last_accepted),
+    )
+    return state, _pad_entries((keys, values), gamma_max + 1)
+
+
+def _speculative_round(
+    target,
+    draft,
+    proposer,
+    state,
+    keys,
+    prompt_lengths,
+    *,
+    schedule,
+    sampling,
+    max_new_tokens,
+    eos_token_id,
+    vocab_size,
+):
+    """One round: the schedule picks each row's γ, the proposer drafts, the target
+    verifies as wide as the widest active row (a `lax.switch` over static widths).
+
+    Inside the switch both caches are only read; the round's new entries come out of
+    it and are written after, so XLA never copies a cache (a cache that is an output
+    of a conditional would be copied every round).
+    """
+    gamma_max = schedule.max_gamma
+    noise = _round_noise(keys, state.round + 1, gamma_max, vocab_size)
+    active = ~state.done
+    gammas = jnp.where(active, schedule(_schedule_stats(state, prompt_lengths)), 0)
+    lengths = state.lengths
+    target_cache, draft_cache = state.target_cache, state.draft_cache
+    light = state.replace(target_cache=None, draft_cache=None)
+    verify = functools.partial(
+        _verify,
+        target,
+        target_cache,
+        noise=noise,
+        prompt_lengths=prompt_lengths,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        vocab_size=vocab_size,
+    )
+    no_bad = jnp.zeros_like(active)
+
+    def widest(counts):
+        return jnp.clip(jnp.max(jnp.where(active, counts, 0)), 0, gamma_max)
+
+    draft_entries = None
+    if proposer is not None:  # model-free: propose, then verify as wide as needed
+        proposed, found = proposer.propose(state.tokens, lengths, gamma_max)
+        counts = jnp.minimum(found, gammas)
+        width = widest(counts)
+        branches = [
+            functools.partial(
+                verify, width=w, drafted=proposed, q=None, counts=counts, draft_bad=no_bad
+            )
+            for w in range(gamma_max + 1)
+        ]
+        light, target_entries = jax.lax.switch(width, branches, light)
+    elif schedule.threshold is not None:  # confidence: early-exit draft, then verify
+        drafted, q, counts, draft_entries, bad = _draft_until(
+            draft,
+            draft_cache,
+            state.tokens,
+            lengths,
+            state.done,
+            noise.draft_keys,
+            threshold=schedule.threshold,
+            sampling=sampling,
+            vocab_size=vocab_size,
+        )
+        counts = jnp.minimum(counts, gammas)
+        width = widest(counts)
+        branches = [
+            functools.partial(verify, width=w, drafted=drafted, q=q, counts=counts, draft_bad=bad)
+            for w in range(gamma_max + 1)
+        ]
+        light, target_entries = jax.lax.switch(width, branches, light)
+    else:
+        constant = isinstance(schedule, Constant)
+        width = gamma_max if constant else widest(gammas)
+        if not isinstance(schedule, (Constant, Heuristic)):
+            # CostModel and Custom can pick γ = 0, a plain target step that skips the
+            # draft, so the draft cache may have to catch up before it drafts again.
+            draft_cache = _catch_up(draft, draft_cache, state.tokens, lengths, active & (width > 0))
+
+        def round_of_width(w, light):
+            if w == 0:
+                none = jnp.zeros((gammas.shape[0], 0), jnp.int32)
+                light, entries = verify(
+                    light, drafted=none, q=None, counts=gammas, draft_bad=no_bad, width=0
+                )
+                return light, entries, _zero_entries(draft, gammas.shape[0], gamma_max + 1)
+            drafted, q, d_entries, bad = _draft(
+                draft,
+                draft_cache,
+                light.tokens,
+                light.lengths,
+                noise.draft_keys,
+                gamma=w,
+                sampling=sampling,
+                vocab_size=vocab_size,
+            )
+            light, entries = verify(
+                light, drafted=drafted, q=q, counts=gammas, draft_bad=bad, width=w
+            )
+            return light, entries, _pad_entries(d_entries, gamma_max + 1)
+
+        if constant:
+            light, target_entries, draft_entries = round_of_width(gamma_max, light)
+        else:
+            branches = [functools.partial(round_of_width, w) for w in range(gamma_max + 1)]
+            light, target_entries, draft_entries = jax.lax.switch(width, branches, light)
+
+    # The writes come after every read of the caches: their positions are made to depend
+    # on the round's outcome, or XLA may write first and copy the caches to keep the
+    # old values readable (see `nn.transformer._after`).
+    after = light.lengths + 2**30  # > any position, but XLA cannot know it
+    target_cache = write_entries(target_cache, *target_entries, jnp.minimum(lengths - 1, after))
+    state = light.replace(target_cache=target_cache.replace(lengths=light.lengths - 1))
+    if draft_entries is not None:
+        # A round that drafted leaves the draft cache valid below `lengths - 2` (the
+        # accepted drafts it saw are there); a γ = 0 round writes nothing and keeps it.
+        drafted_now = width > 0
+        start = jnp.minimum(jnp.where(drafted_now, lengths - 2, draft_cache.max_len), after)
+        draft_cache = write_entries(draft_cache, *draft_entries, start)
+        valid = jnp.where(drafted_now, light.lengths - 2, draft_cache.lengths)
+        state = state.replace(draft_cache=draft_cache.replace(lengths=valid))
+    return state
+
+
+def _zero_entries(model, batch, size):
+    c = model.config
+    shape = (batch, size, c.num_kv_heads, c.head_dim)
+    zeros = tuple(jnp.zeros(shape, c.jnp_dtype) for _ in range(c.num_layers))
+    return zeros, zeros
 
 
 def _autoregressive_step(
@@ -419,6 +729,7 @@ def _autoregressive_step(
     stats = s.replace(
         rounds=s.rounds + active,
         target_calls=s.target_calls + 1,
+        gamma_rounds=s.gamma_rounds + 1,
         nonfinite=s.nonfinite | (active & _nonfinite(logits)),
     )
     return state.replace(stats=stats, round=state.round + 1)
@@ -437,8 +748,9 @@ def _finish(state, prompt_lengths, max_new_tokens, pad_token_id):
     static_argnames=(
         "target_def",
         "draft_def",
+        "proposer",
         "max_new_tokens",
-        "gamma",
+        "schedule",
         "sampling",
         "eos_token_id",
         "vocab_size",
@@ -455,18 +767,20 @@ def _generate_program(
     prompt_lengths,
     keys,
     *,
+    proposer,
     max_new_tokens,
-    gamma,
+    schedule,
     sampling,
     eos_token_id,
     vocab_size,
     cache_len,
     pad_token_id,
 ):
-    """The whole generation as one XLA program (gamma = 0 and no draft: autoregressive)."""
+    """The whole generation as one XLA program (no schedule: autoregressive)."""
     target = nnx.merge(target_def, target_state)
     draft = None if draft_def is None else nnx.merge(draft_def, draft_state)
-    buffer_len = prompts.shape[1] + max_new_tokens + gamma + 1
+    gamma_max = 0 if schedule is None else schedule.max_gamma
+    buffer_len = prompts.shape[1] + max_new_tokens + gamma_max + 1
     state = _init_state(
         target,
         draft,
@@ -474,36 +788,25 @@ def _generate_program(
         prompt_lengths,
         keys,
         max_new_tokens=max_new_tokens,
-        gamma=gamma,
+        gamma_max=gamma_max,
         sampling=sampling,
         eos_token_id=eos_token_id,
         vocab_size=vocab_size,
         cache_len=cache_len,
         buffer_len=buffer_len,
     )
-    if draft is None:
-        body = functools.partial(
-            _autoregressive_step,
-            target,
-            keys=keys,
-            prompt_lengths=prompt_lengths,
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-            vocab_size=vocab_size,
-        )
+    common = dict(
+        prompt_lengths=prompt_lengths,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        vocab_size=vocab_size,
+    )
+    if schedule is None:
+        body = functools.partial(_autoregressive_step, target, keys=keys, **common)
     else:
         body = functools.partial(
-            _speculative_round,
-            target,
-            draft,
-            keys=keys,
-            prompt_lengths=prompt_lengths,
-            gamma=gamma,
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-            vocab_size=vocab_size,
+            _speculative_round, target, draft, proposer, keys=keys, schedule=schedule, **common
         )
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return _finish(state, prompt_lengths, max_new_tokens, pad_token_id)
@@ -512,8 +815,9 @@ def _generate_program(
 def _bind(target, draft, prompts, prompt_lengths, keys, **static):
     """Splits the models and binds every input: calling the result runs only the program."""
     models = [target] if draft is None else [target, draft]
+    gamma_max = 0 if static["schedule"] is None else static["schedule"].max_gamma
     cache_len = min(
-        int(prompt_lengths.max()) + static["max_new_tokens"] + static["gamma"],
+        int(prompt_lengths.max()) + static["max_new_tokens"] + gamma_max,
         *(m.config.max_len for m in models),
     )
     target_def, target_state = nnx.split(target)
@@ -549,12 +853,13 @@ def _checked(out: GenerationOutput) -> GenerationOutput:
 
 def speculative_program(
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | NGram,
     prompts,
     *,
     key: jax.Array,
     max_new_tokens: int,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | None = None,
+    schedule: Schedule | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     eos_token_id: int | None = None,
     prompt_lengths=None,
@@ -570,27 +875,60 @@ def speculative_program(
     prompts, lengths, keys, max_new_tokens = _check_common(
         target, "target", prompts, prompt_lengths, key, max_new_tokens, sampling, eos_token_id
     )
-    if not isinstance(draft, Transformer):
-        raise TypeError(f"draft must be a jax_specdec.nn.Transformer, got {type(draft).__name__}")
-    gamma = _check_int("num_draft_tokens", num_draft_tokens, 1)
-    vocab_size = _shared_vocab(target, draft, vocab_size)
-    if int(prompts.max()) >= vocab_size:
-        raise ValueError(f"prompts have token ids >= vocab_size ({vocab_size})")
+    schedule = _check_schedule(num_draft_tokens, schedule)
+    if isinstance(draft, NGram):
+        proposer, draft = draft, None
+        if vocab_size is not None:
+            raise ValueError("vocab_size is only for a draft model, not an NGram proposer")
+        if schedule.threshold is not None:
+            raise ValueError(
+                "the Confidence schedule needs a draft model's probabilities; an NGram "
+                "proposer has none (use Constant, Heuristic, CostModel or Custom)"
+            )
+        vocab_size = target.config.vocab_size
+    elif isinstance(draft, Transformer):
+        proposer = None
+        vocab_size = _shared_vocab(target, draft, vocab_size)
+        if int(prompts.max()) >= vocab_size:
+            raise ValueError(f"prompts have token ids >= vocab_size ({vocab_size})")
+        _check_fits(draft, "draft", lengths, max_new_tokens)
+    else:
+        raise TypeError(
+            "draft must be a jax_specdec.nn.Transformer or a proposer such as "
+            f"jax_specdec.proposers.NGram(), got {type(draft).__name__}"
+        )
     _check_fits(target, "target", lengths, max_new_tokens)
-    _check_fits(draft, "draft", lengths, max_new_tokens)
     return _bind(
         target,
         draft,
         prompts,
         lengths,
         keys,
+        proposer=proposer,
         max_new_tokens=max_new_tokens,
-        gamma=gamma,
+        schedule=schedule,
         sampling=sampling,
         eos_token_id=eos_token_id,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,
     )
+
+
+def _check_schedule(num_draft_tokens, schedule):
+    if schedule is None:
+        gamma = 4 if num_draft_tokens is None else num_draft_tokens
+        return Constant(_check_int("num_draft_tokens", gamma, 1))
+    if num_draft_tokens is not None:
+        raise ValueError(
+            "pass either num_draft_tokens or schedule, not both "
+            "(num_draft_tokens=k is schedule=Constant(k))"
+        )
+    if not isinstance(schedule, SCHEDULES):
+        raise TypeError(
+            "schedule must be one of jax_specdec.schedules.Constant, Heuristic, Confidence, "
+            f"CostModel or Custom, got {type(schedule).__name__}"
+        )
+    return schedule
 
 
 def _shared_vocab(target, draft, vocab_size):
@@ -633,8 +971,9 @@ def autoregressive_program(
         prompts,
         lengths,
         keys,
+        proposer=None,
         max_new_tokens=max_new_tokens,
-        gamma=0,
+        schedule=None,
         sampling=sampling,
         eos_token_id=eos_token_id,
         vocab_size=target.config.vocab_size,
@@ -644,12 +983,13 @@ def autoregressive_program(
 
 def speculative_generate(
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | NGram,
     prompts,
     *,
     key: jax.Array,
     max_new_tokens: int,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | None = None,
+    schedule: Schedule | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     eos_token_id: int | None = None,
     prompt_lengths=None,
@@ -660,12 +1000,17 @@ def speculative_generate(
 
     Args:
       target: the model whose distribution the output follows.
-      draft: the cheaper proposer model (same tokenizer).
+      draft: the cheaper draft model (same tokenizer), or a model-free proposer such
+        as `jax_specdec.proposers.NGram()` (prompt lookup, computed on device).
       prompts: a list of token-id lists (ragged), or an int array [B, P] with
         `prompt_lengths` [B] (right padding ignored).
       key: one `jax.random.key` (row b uses fold_in(key, b)) or an array of B keys.
       max_new_tokens: tokens to generate per row (fewer if the row emits EOS).
-      num_draft_tokens: γ >= 1, tokens drafted per round.
+      num_draft_tokens: γ >= 1, tokens drafted per round (default 4); the same as
+        `schedule=Constant(γ)`.
+      schedule: how many tokens each row drafts per round, a
+        `jax_specdec.schedules` policy (Constant, Heuristic, Confidence, CostModel,
+        Custom); the round runs as wide as its widest active row.
       sampling: temperature / top-k / top-p, applied identically to target and draft.
       eos_token_id: a row stops after emitting it (it is kept); None: no EOS.
       prompt_lengths: [B] lengths when `prompts` is an array.
@@ -685,6 +1030,7 @@ def speculative_generate(
         key=key,
         max_new_tokens=max_new_tokens,
         num_draft_tokens=num_draft_tokens,
+        schedule=schedule,
         sampling=sampling,
         eos_token_id=eos_token_id,
         prompt_lengths=prompt_lengths,

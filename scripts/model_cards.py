@@ -56,7 +56,7 @@ def _speed(target, draft, prompts, gamma, sampling):
         spec_t += timing.median
         s = out.stats
         accepted += int(s.accepted.sum())
-        rejections += int((s.rounds - s.accepted_at[:, -1]).sum())
+        rejections += int(s.rejected.sum())
         rounds += int(s.rounds.sum())
         tokens += int(out.lengths.sum()) - 1
     return spec_t, ar_t, accepted / max(accepted + rejections, 1), tokens / max(rounds, 1)

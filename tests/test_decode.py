@@ -146,7 +146,9 @@ SETTINGS = {
 }
 
 
-def sample_sequences(target, draft, sampling, gamma, eos, seed):
+def sample_sequences(target, draft, sampling, gamma, eos, seed, **kwargs):
+    """NUM_SAMPLES rows alternating between the two PROMPTS; kwargs go to the loop
+    (gamma=None and schedule=... for a dynamic schedule)."""
     prompts = [PROMPTS[b % 2] for b in range(NUM_SAMPLES)]
     out = speculative_generate(
         target,
@@ -157,6 +159,7 @@ def sample_sequences(target, draft, sampling, gamma, eos, seed):
         num_draft_tokens=gamma,
         sampling=sampling,
         eos_token_id=eos,
+        **kwargs,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(NUM_SAMPLES)]
@@ -180,24 +183,23 @@ def test_speculative_samples_follow_the_target(target, draft, name):
         assert pvalue > 1e-3
 
 
-def wrong_accept(keys, draft_tokens, draft_probs, target_probs):
+def wrong_accept(uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted):
     """Resamples a rejection from plain p instead of the residual: not exact."""
 
-    def row(key, x, q, p):
-        k1, k2 = jax.random.split(key)
-        u = jax.random.uniform(k1, x.shape)
-        passed = u * q[jnp.arange(x.size), x] < p[jnp.arange(x.size), x]
+    def row(u, g, x, q, p, k):
+        at = jnp.arange(x.size)
+        passed = (u * q[at, x] < p[at, x]) & (at < k)
         n = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
-        return n, jax.random.categorical(k2, jnp.log(p[n])).astype(jnp.int32)
+        return n, jnp.argmax(jnp.log(p[n]) + g).astype(jnp.int32)
 
-    n, tok = jax.vmap(row)(keys, draft_tokens, draft_probs, target_probs)
+    n, tok = jax.vmap(row)(uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted)
     return AcceptResult(n, tok)
 
 
 @pytest.mark.slow
 def test_wrong_acceptance_rule_fails_the_same_test(target, draft, monkeypatch):
     jax.clear_caches()
-    monkeypatch.setattr(decode_module, "accept", wrong_accept)
+    monkeypatch.setattr(decode_module, "accept_with_noise", wrong_accept)
     sampling, gamma, eos = SETTINGS["t1_g1"]
     seqs, _ = sample_sequences(target, draft, sampling, gamma, eos, seed=0)
     jax.clear_caches()

@@ -71,3 +71,24 @@ def init_cache(
         values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
+
+
+def write_entries(
+    cache: KVCache, keys: tuple[jax.Array, ...], values: tuple[jax.Array, ...], start: jax.Array
+) -> KVCache:
+    """Writes per-layer entries [B, T, K, hd] at positions start[b] + t (one scatter per
+    array; writes past the cache's size are dropped). Lengths are left as they are.
+    """
+    T = keys[0].shape[1]
+    rows = jnp.arange(cache.batch_size, dtype=jnp.int32)[:, None]
+    positions = start.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)
+
+    def write(array, new):
+        # Advanced indices first: array[rows, :, positions] is [B, T, K, hd].
+        return array.at[rows, :, positions].set(
+            new.astype(array.dtype), indices_are_sorted=True, unique_indices=True, mode="drop"
+        )
+
+    return cache.replace(
+        keys=tuple(map(write, cache.keys, keys)), values=tuple(map(write, cache.values, values))
+    )

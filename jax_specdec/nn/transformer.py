@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec.nn.cache import KVCache
+from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
 
 _F32 = jnp.float32
@@ -309,32 +309,68 @@ class Transformer(nnx.Module):
         return self._decode(tokens, cache)
 
     def _decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        T = tokens.shape[1]
+        lengths = cache.lengths.astype(jnp.int32)
+        logits, keys, values = self.decode_entries(tokens, cache)
+        # Written after the attention that read the old cache (see `_after`), so XLA
+        # updates the cache in place.
+        cache = write_entries(cache, keys, values, _after(lengths, logits))
+        return logits, cache.replace(lengths=lengths + T)
+
+    def decode_entries(
+        self,
+        tokens: jax.Array,
+        cache: KVCache,
+        recent: tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array] | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """`decode` without writing: the cache is only read; the new entries are returned.
+
+        For callers that write later, outside a `lax.switch` or loop (a cache that is
+        an output of a conditional gets copied by XLA), or that keep a few entries
+        aside (`recent`) while drafting.
+
+        Args:
+            tokens: [B, T] token ids; row b's sit at positions
+              cache.lengths[b] + recent_count[b] + t.
+            cache: read-only; row b's first cache.lengths[b] positions are attended.
+            recent: optional (keys, values, count): per layer [B, R, K, hd] entries at
+              positions cache.lengths + r, not yet in the cache; row b's first count[b]
+              are attended.
+
+        Returns:
+            logits [B, T, V] float32, and per layer the new keys and values
+            [B, T, K, hd], for `write_entries(cache, keys, values, start)` with
+            start = cache.lengths + recent_count.
+        """
         B, T = tokens.shape
         S = cache.max_len
         lengths = cache.lengths.astype(jnp.int32)
-        positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
-        # Queries see the cached prefix (< length) and the new tokens causally. Attending
-        # to the old cache and the new keys separately means the cache is only written,
-        # never read after the write, so XLA updates it in place without copies.
-        old_mask = (
-            jnp.arange(S, dtype=jnp.int32)[None, None, :] < lengths[:, None, None]
-        )  # [B, 1, S]
-        old_mask = jnp.broadcast_to(old_mask, (B, T, S))
+        start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
+        old_mask = jnp.broadcast_to(
+            jnp.arange(S, dtype=jnp.int32)[None, None, :] < lengths[:, None, None], (B, T, S)
+        )
         new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-        rows = jnp.arange(B, dtype=jnp.int32)[:, None]  # [B, 1]
+        if recent is not None:
+            R = recent[0][0].shape[1]
+            recent_mask = jnp.arange(R, dtype=jnp.int32)[None, None, :] < recent[2][:, None, None]
+            recent_mask = jnp.broadcast_to(recent_mask, (B, T, R))
         x = self._embed(tokens, positions)
         keys, values = [], []
-        for block, k_cache, v_cache in zip(self.blocks, cache.keys, cache.values, strict=True):
+        for i, (block, k_cache, v_cache) in enumerate(
+            zip(self.blocks, cache.keys, cache.values, strict=True)
+        ):
             q, k, v = block.attn.project(block.attn_norm(x), positions)
-            parts = [(k_cache, v_cache, old_mask), (_heads_first(k), _heads_first(v), new_mask)]
-            attn_out = block.attn.attend(q, parts)
-            write_at = _after(positions, attn_out)
-            keys.append(_write(k_cache, rows, write_at, k))
-            values.append(_write(v_cache, rows, write_at, v))
-            x = x + attn_out
+            parts = [(k_cache, v_cache, old_mask)]
+            if recent is not None:
+                rk, rv = recent[0][i], recent[1][i]
+                parts.append((_heads_first(rk), _heads_first(rv), recent_mask))
+            parts.append((_heads_first(k), _heads_first(v), new_mask))
+            x = x + block.attn.attend(q, parts)
             x = x + block.mlp(block.mlp_norm(x))
-        new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=lengths + T)
-        return self._logits(x), new_cache
+            keys.append(k)
+            values.append(v)
+        return self._logits(x), tuple(keys), tuple(values)
 
 
 def _traced(tree) -> bool:
@@ -367,16 +403,6 @@ def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
 def _heads_first(x: jax.Array) -> jax.Array:
     """[B, T, K, hd] -> [B, K, T, hd]."""
     return x.transpose(0, 2, 1, 3)
-
-
-def _write(cache: jax.Array, rows: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
-    """One scatter: cache[b, :, positions[b, t]] = new[b, t]; out-of-range writes are dropped.
-
-    cache is [B, K, S, hd], new is [B, T, K, hd] (the advanced indices come first).
-    """
-    return cache.at[rows, :, positions].set(
-        new.astype(cache.dtype), indices_are_sorted=True, unique_indices=True, mode="drop"
-    )
 
 
 def _check_tokens(tokens, config: TransformerConfig) -> jax.Array:

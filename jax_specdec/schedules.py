@@ -1,0 +1,263 @@
+"""Draft-length schedules: how many tokens each row drafts in the next round.
+
+A schedule is a pure function of the loop's statistics (`ScheduleStats`, arrays on
+device) that returns the number of tokens to draft for every row, γ_b ∈ [0, max_gamma].
+It runs inside the compiled loop once per round; nothing goes back to the host.
+
+The round then runs with the widest γ of its active rows, chosen by `lax.switch` among
+statically shaped rounds (γ = 0, 1, ..., max_gamma): a round where every row asked for
+2 tokens costs a γ = 2 round, not a max_gamma one. A row that asked for fewer tokens
+than the round drafts has its extra drafts ignored by the acceptance step (it gets
+its bonus token from the target at its own γ_b), so the output stays exact. γ = 0 for
+every active row is a plain target decode step (the draft model does not run; its
+cache catches up in the next round that drafts).
+
+Per row or per batch (`per_row`):
+- `Constant`, `Heuristic`, `Confidence` and the n-gram proposer decide per row from
+  the row's own history, so a row's tokens depend only on its key and prompt, never
+  on its batch neighbours.
+- `CostModel` decides per batch: the whole batch pays for the round's widest γ, so it
+  maximises the batch's expected tokens per unit of cost. A row's tokens then depend on
+  its neighbours through the chosen γ (their distribution never does).
+- `Custom`: whatever the user's function does; it says so with `per_row`.
+
+Every schedule is a frozen dataclass, hashable, so it is a static argument of the
+compiled program: changing the schedule recompiles, changing its inputs does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "Confidence",
+    "Constant",
+    "CostModel",
+    "Custom",
+    "Heuristic",
+    "Schedule",
+    "ScheduleStats",
+    "expected_tokens",
+]
+
+
+class ScheduleStats(NamedTuple):
+    """What a schedule sees before each round (all on device).
+
+    Attributes:
+      round: [] int32, rounds run so far (0 at the first decision).
+      active: [B] bool, rows still generating.
+      generated: [B] int32, tokens generated so far (the prefill's first token counted).
+      rounds: [B] int32, rounds in which the row was active.
+      drafted: [B] int32, tokens the row drafted so far.
+      accepted: [B] int32, drafted tokens accepted so far.
+      rejected: [B] int32, rounds that ended in a rejection (the α estimate is
+        accepted / (accepted + rejected)).
+      last_gamma: [B] int32, tokens the row drafted in the previous round (0 before
+        the first round).
+      last_accepted: [B] int32, how many of them were accepted.
+    """
+
+    round: jax.Array
+    active: jax.Array
+    generated: jax.Array
+    rounds: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    rejected: jax.Array
+    last_gamma: jax.Array
+    last_accepted: jax.Array
+
+
+def _check_gamma(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def expected_tokens(alpha: jax.Array, gamma: jax.Array) -> jax.Array:
+    """E[tokens per round] = (1 - α^(γ+1)) / (1 - α) for i.i.d. acceptance α (DESIGN §2)."""
+    alpha = jnp.clip(alpha, 0.0, 1.0 - 1e-6)
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+    """γ tokens every round, for every row (per row, trivially)."""
+
+    gamma: int = 4
+
+    per_row = True
+    threshold = None
+
+    def __post_init__(self):
+        _check_gamma("Constant.gamma", self.gamma)
+
+    @property
+    def max_gamma(self) -> int:
+        return self.gamma
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        return jnp.full(stats.active.shape, self.gamma, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Heuristic:
+    """+`increase` after a fully accepted round, −`decrease` otherwise, within
+    [min_gamma, max_gamma], starting at `initial`; per row. (Hugging Face's assisted
+    generation uses +2 / −1 this way.)"""
+
+    initial: int = 4
+    min_gamma: int = 1
+    max_gamma: int = 8
+    increase: int = 2
+    decrease: int = 1
+
+    per_row = True
+    threshold = None
+
+    def __post_init__(self):
+        _check_gamma("Heuristic.max_gamma", self.max_gamma)
+        _check_gamma("Heuristic.min_gamma", self.min_gamma)
+        _check_gamma("Heuristic.increase", self.increase, 0)
+        _check_gamma("Heuristic.decrease", self.decrease, 0)
+        if self.min_gamma > self.max_gamma:
+            raise ValueError(
+                f"Heuristic.min_gamma ({self.min_gamma}) exceeds max_gamma ({self.max_gamma})"
+            )
+        if not self.min_gamma <= _check_gamma("Heuristic.initial", self.initial) <= self.max_gamma:
+            raise ValueError(
+                f"Heuristic.initial ({self.initial}) must lie in [min_gamma, max_gamma] = "
+                f"[{self.min_gamma}, {self.max_gamma}]"
+            )
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        full = stats.last_accepted >= stats.last_gamma
+        step = jnp.where(full, self.increase, -self.decrease)
+        gamma = jnp.where(stats.round == 0, self.initial, stats.last_gamma + step)
+        return jnp.clip(gamma, self.min_gamma, self.max_gamma).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Confidence:
+    """Draft up to `max_gamma` tokens, but stop a row's drafting after a token to which
+    the draft gave probability below `threshold` (that token is still verified); per row.
+
+    The stop is decided inside the round, so the draft runs as an early-exit loop and
+    the verify as wide as the longest draft among active rows. Exact: whether position
+    i+1 is drafted depends only on tokens already drafted, each verified against the q
+    it was drawn from.
+    """
+
+    threshold: float = 0.4
+    max_gamma: int = 8
+
+    per_row = True
+
+    def __post_init__(self):
+        _check_gamma("Confidence.max_gamma", self.max_gamma)
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise ValueError(f"Confidence.threshold must be a number in [0, 1], got {t!r}")
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        return jnp.full(stats.active.shape, self.max_gamma, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Per batch: the γ ∈ {0 … max_gamma} maximising the batch's expected tokens per unit
+    of cost, Σ_b E_b(γ) / (γ·draft_cost + verify_costs[γ]), with each row's α estimated
+    online as (accepted + a) / (accepted + rejected + a + b), a Beta(a, b) prior of
+    `prior_weight` rounds at mean `prior_alpha`.
+
+    `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a plain
+    decode step) and `draft_cost` one draft step, at the batch size and context used;
+    measure them with `jax_specdec.bench.calibrate_costs`. γ = 0 runs a plain decode
+    step, so speculation switches itself off where it does not pay. α is only learned
+    from rounds that draft: once γ = 0 is chosen with the current estimate it stays
+    chosen until the costs say otherwise.
+    """
+
+    draft_cost: float
+    verify_costs: tuple[float, ...]
+    prior_alpha: float = 0.6
+    prior_weight: float = 4.0
+
+    per_row = False
+    threshold = None
+
+    def __post_init__(self):
+        costs = tuple(float(c) for c in self.verify_costs)
+        if len(costs) < 2:
+            raise ValueError(
+                "CostModel.verify_costs needs the cost of verifying 1..max_gamma+1 tokens "
+                f"(at least 2 entries), got {len(costs)}"
+            )
+        if any(not c > 0 for c in (*costs, float(self.draft_cost))):
+            raise ValueError("CostModel costs must be positive")
+        object.__setattr__(self, "verify_costs", costs)
+        object.__setattr__(self, "draft_cost", float(self.draft_cost))
+        if not 0.0 < self.prior_alpha < 1.0:
+            raise ValueError(f"CostModel.prior_alpha must lie in (0, 1), got {self.prior_alpha}")
+        if not self.prior_weight > 0:
+            raise ValueError(f"CostModel.prior_weight must be > 0, got {self.prior_weight}")
+
+    @property
+    def max_gamma(self) -> int:
+        return len(self.verify_costs) - 1
+
+    def costs(self) -> jax.Array:
+        """[max_gamma + 1] cost of a round with γ = 0 … max_gamma."""
+        g = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
+        return g * self.draft_cost + jnp.asarray(self.verify_costs, jnp.float32)
+
+    def alpha(self, stats: ScheduleStats) -> jax.Array:
+        a = self.prior_alpha * self.prior_weight
+        b = (1.0 - self.prior_alpha) * self.prior_weight
+        return (stats.accepted + a) / (stats.accepted + stats.rejected + a + b)
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        alpha = self.alpha(stats)  # [B]
+        gammas = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
+        tokens = expected_tokens(alpha[:, None], gammas[None, :])  # [B, G]
+        tokens = jnp.sum(jnp.where(stats.active[:, None], tokens, 0.0), axis=0)
+        best = jnp.argmax(tokens / self.costs()).astype(jnp.int32)
+        return jnp.full(stats.active.shape, best, jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Custom:
+    """A user's schedule: `fn(stats: ScheduleStats) -> γ` ([B] or a scalar int array),
+    pure and jit-traceable; values are clipped to [0, max_gamma].
+
+    Example, draft more as the row's acceptance grows:
+        Custom(lambda s: 2 + 4 * (s.accepted > 2 * s.rejected), max_gamma=6)
+    """
+
+    fn: Callable[[ScheduleStats], jax.Array]
+    max_gamma: int = 8
+    per_row: bool = True
+
+    threshold = None
+
+    def __post_init__(self):
+        if not callable(self.fn):
+            raise TypeError(f"Custom.fn must be callable, got {type(self.fn).__name__}")
+        _check_gamma("Custom.max_gamma", self.max_gamma)
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        gamma = jnp.asarray(self.fn(stats))
+        if not jnp.issubdtype(gamma.dtype, jnp.integer):
+            raise TypeError(f"Custom.fn must return integers, got dtype {gamma.dtype}")
+        gamma = jnp.broadcast_to(gamma, stats.active.shape)
+        return jnp.clip(gamma, 0, self.max_gamma).astype(jnp.int32)
+
+
+Schedule = Constant | Heuristic | Confidence | CostModel | Custom
+SCHEDULES: Sequence[type] = (Constant, Heuristic, Confidence, CostModel, Custom)

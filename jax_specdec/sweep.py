@@ -1,0 +1,352 @@
+"""The schedule sweep: draft-length schedules × γ × temperature × batch on one pair.
+
+For every batch size it calibrates a `CostModel` (measured draft step and verify
+costs), then for every temperature times the autoregressive baseline and each
+schedule as one compiled program (medians of `repeats` runs, compilation apart):
+constant γ for each γ in the grid, the heuristic, the confidence threshold, the cost
+model and the n-gram proposer. It also times a dynamic schedule that always asks
+for γ = 2 against constant γ = 2 (greedy, so both emit the same tokens in the same
+rounds): the price of choosing γ inside the program.
+
+`run_sweep` returns a JSON-able dict; `write_report` writes it with PNG plots and a
+markdown table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+from jax_specdec.bench import calibrate_costs, expected_tokens_per_round, time_generation
+from jax_specdec.decode import autoregressive_program, speculative_program
+from jax_specdec.nn import Transformer
+from jax_specdec.proposers import NGram
+from jax_specdec.sampling import SamplingConfig
+from jax_specdec.schedules import Confidence, Constant, Custom, Heuristic
+
+__all__ = ["run_sweep", "summary", "markdown_table", "write_report"]
+
+
+def _always_two(stats):
+    return 2
+
+
+def _schedules(gammas, max_gamma, threshold, cost_model):
+    """(name, γ or None, proposer is NGram, schedule) for one setting."""
+    rows = [("constant", g, False, Constant(g)) for g in gammas]
+    rows += [
+        ("heuristic", None, False, Heuristic(initial=min(4, max_gamma), max_gamma=max_gamma)),
+        ("confidence", None, False, Confidence(threshold=threshold, max_gamma=max_gamma)),
+        ("cost_model", None, False, cost_model),
+        ("ngram", None, True, Heuristic(initial=min(2, max_gamma), max_gamma=max_gamma)),
+    ]
+    return rows
+
+
+def run_sweep(
+    target: Transformer,
+    draft: Transformer,
+    prompts: list[list[int]],
+    *,
+    batches=(1, 8, 32, 64),
+    temperatures=(0.0, 1.0),
+    gammas=(1, 2, 3, 4, 6),
+    max_gamma: int = 6,
+    max_new_tokens: int = 64,
+    threshold: float = 0.4,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Times every schedule against autoregressive decoding; see the module docstring.
+
+    Rows of a batch cycle through `prompts`. Returns a dict with the settings, one row
+    per (batch, temperature, schedule) and the γ = 2 switch check per batch.
+    """
+    from tqdm.auto import tqdm
+
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if max(gammas) > max_gamma:
+        raise ValueError(f"gammas ({max(gammas)}) exceed max_gamma ({max_gamma})")
+    n_schedules = len(gammas) + 4
+    total = len(batches) * (len(temperatures) * (n_schedules + 1) + 2)
+    bar = tqdm(total=total, desc="sweep", disable=not progress)
+    results = {
+        "target": dataclasses.asdict(target.config),
+        "draft": dataclasses.asdict(draft.config),
+        "settings": {
+            "batches": list(batches),
+            "temperatures": list(temperatures),
+            "gammas": list(gammas),
+            "max_gamma": max_gamma,
+            "max_new_tokens": max_new_tokens,
+            "threshold": threshold,
+            "repeats": repeats,
+            "prompts": len(prompts),
+        },
+        "backend": jax.default_backend(),
+        "rows": [],
+        "switch": [],
+        "costs": [],
+    }
+    for batch in batches:
+        rows = [prompts[i % len(prompts)] for i in range(batch)]
+        context = max(len(r) for r in rows) + max_new_tokens // 2
+        bar.set_postfix(batch=batch, step="calibrate")
+        cost = calibrate_costs(
+            target, draft, batch=batch, context=context, max_gamma=max_gamma, repeats=repeats
+        )
+        results["costs"].append(
+            {
+                "batch": batch,
+                "context": context,
+                "draft_ms": 1e3 * cost.draft_cost,
+                "verify_ms": [1e3 * c for c in cost.verify_costs],
+            }
+        )
+        round_cost = np.asarray(cost.costs())
+        key = jax.random.key(seed)
+        for temperature in temperatures:
+            sampling = SamplingConfig(temperature)
+            common = dict(key=key, max_new_tokens=max_new_tokens, sampling=sampling)
+            bar.set_postfix(batch=batch, t=temperature, schedule="autoregressive")
+            ar_timing, ar = time_generation(autoregressive_program(target, rows, **common), repeats)
+            ar_rounds = int(ar.stats.target_calls) - 1
+            bar.update()
+            for name, gamma, ngram, schedule in _schedules(gammas, max_gamma, threshold, cost):
+                bar.set_postfix(batch=batch, t=temperature, schedule=name, gamma=gamma)
+                proposer = NGram() if ngram else draft
+                timing, out = time_generation(
+                    speculative_program(target, proposer, rows, schedule=schedule, **common),
+                    repeats,
+                )
+                s = out.stats
+                widths = np.asarray(s.gamma_rounds)
+                # Predicted from the calibrated costs and the rounds this run made
+                # (the draft's costs count only where a draft model ran).
+                cost_rounds = round_cost[: len(widths)]
+                if ngram:
+                    cost_rounds = np.asarray(cost.verify_costs)[: len(widths)]
+                predicted = ar_rounds * cost.verify_costs[0] / float(widths @ cost_rounds)
+                row = {
+                    "batch": batch,
+                    "temperature": temperature,
+                    "schedule": name,
+                    "gamma": gamma,
+                    "seconds": timing.median,
+                    "compile_seconds": timing.compile,
+                    "speedup": ar_timing.median / timing.median,
+                    "predicted_speedup": predicted,
+                    "alpha": s.alpha,
+                    "tokens_per_round": s.tokens_per_round(out.lengths),
+                    "acceptance_at": [None if np.isnan(a) else a for a in s.acceptance_at()],
+                    "gamma_rounds": widths.tolist(),
+                    "mean_gamma": float(widths @ np.arange(len(widths)) / max(widths.sum(), 1)),
+                    "same_tokens_as_autoregressive": bool(
+                        np.array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+                    ),
+                }
+                if gamma is not None:
+                    row["iid_predicted_speedup"] = (
+                        expected_tokens_per_round(s.alpha, gamma)
+                        * cost.verify_costs[0]
+                        / float(round_cost[gamma])
+                    )
+                results["rows"].append(row)
+                bar.update()
+            results["rows"].append(
+                {
+                    "batch": batch,
+                    "temperature": temperature,
+                    "schedule": "autoregressive",
+                    "gamma": 0,
+                    "seconds": ar_timing.median,
+                    "compile_seconds": ar_timing.compile,
+                    "speedup": 1.0,
+                }
+            )
+        # The price of a dynamic γ: always 2, chosen inside the program, vs constant 2.
+        greedy = dict(key=key, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0))
+        timings = {}
+        for name, schedule in (
+            ("constant", Constant(2)),
+            ("dynamic", Custom(_always_two, max_gamma=max_gamma)),
+        ):
+            bar.set_postfix(batch=batch, step=f"switch {name}")
+            timing, out = time_generation(
+                speculative_program(target, draft, rows, schedule=schedule, **greedy), repeats
+            )
+            timings[name] = (timing.median, int(out.stats.target_calls) - 1)
+            bar.update()
+        (c_sec, c_rounds), (d_sec, d_rounds) = timings["constant"], timings["dynamic"]
+        results["switch"].append(
+            {
+                "batch": batch,
+                "constant_seconds": c_sec,
+                "dynamic_seconds": d_sec,
+                "rounds": [c_rounds, d_rounds],
+                "dynamic_over_constant": (d_sec / d_rounds) / (c_sec / c_rounds),
+            }
+        )
+    bar.close()
+    return results
+
+
+def summary(results: dict) -> list[dict]:
+    """Per (batch, temperature): the best constant γ and each dynamic schedule's speedup,
+    and whether the cost model met its goals (never slower than autoregressive, within
+    5% of the best constant γ)."""
+    out = []
+    keys = sorted({(r["batch"], r["temperature"]) for r in results["rows"]})
+    for batch, temperature in keys:
+        rows = [
+            r for r in results["rows"] if r["batch"] == batch and r["temperature"] == temperature
+        ]
+        by = {r["schedule"]: r for r in rows if r["schedule"] != "constant"}
+        best = max((r for r in rows if r["schedule"] == "constant"), key=lambda r: r["speedup"])
+        cost = by["cost_model"]["speedup"]
+        out.append(
+            {
+                "batch": batch,
+                "temperature": temperature,
+                "best_constant_gamma": best["gamma"],
+                "best_constant": best["speedup"],
+                "heuristic": by["heuristic"]["speedup"],
+                "confidence": by["confidence"]["speedup"],
+                "cost_model": cost,
+                "cost_model_mean_gamma": by["cost_model"]["mean_gamma"],
+                "ngram": by["ngram"]["speedup"],
+                "cost_model_not_slower": cost >= 1.0,
+                "cost_model_within_5pct": cost >= 0.95 * max(best["speedup"], 1.0),
+            }
+        )
+    return out
+
+
+def markdown_table(results: dict) -> str:
+    lines = [
+        "| batch | T | best constant γ | its speedup | heuristic | confidence | cost model "
+        "(mean γ) | n-gram |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary(results):
+        lines.append(
+            f"| {s['batch']} | {s['temperature']:g} | {s['best_constant_gamma']} "
+            f"| {s['best_constant']:.2f} | {s['heuristic']:.2f} | {s['confidence']:.2f} "
+            f"| {s['cost_model']:.2f} ({s['cost_model_mean_gamma']:.1f}) | {s['ngram']:.2f} |"
+        )
+    lines += ["", "| batch | dynamic γ=2 round / constant γ=2 round |", "|---|---|"]
+    for s in results["switch"]:
+        lines.append(f"| {s['batch']} | {s['dynamic_over_constant']:.3f} |")
+    return "\n".join(lines)
+
+
+def write_report(results: dict, out_dir) -> list[pathlib.Path]:
+    """Writes sweep.json, sweep.md and the PNG plots into out_dir; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "sweep.json", out / "sweep.md"]
+    paths[0].write_text(json.dumps(results, indent=1))
+    paths[1].write_text(markdown_table(results) + "\n")
+    settings = results["settings"]
+    temps, batches = settings["temperatures"], settings["batches"]
+    rows = results["rows"]
+
+    def pick(**match):
+        return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+    def save(fig, name):
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    # 1. Acceptance per draft position (largest constant γ, pooled rows of each batch).
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
+    g = max(settings["gammas"])
+    for ax, t in zip(axes[0], temps, strict=True):
+        for b in batches:
+            for r in pick(temperature=t, batch=b, schedule="constant", gamma=g):
+                acc = [np.nan if a is None else a for a in r["acceptance_at"]][:g]
+                ax.plot(range(1, g + 1), acc, marker="o", label=f"batch {b}")
+        ax.set(title=f"T = {t:g}, γ = {g}", xlabel="draft position", ylabel="acceptance rate")
+        ax.set_ylim(0, 1)
+        ax.legend()
+    save(fig, "acceptance_per_position.png")
+
+    # 2. Tokens per round vs γ, with the i.i.d. expectation at the measured α.
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], temps, strict=True):
+        for b in batches:
+            cs = pick(temperature=t, batch=b, schedule="constant")
+            ax.plot(
+                [r["gamma"] for r in cs],
+                [r["tokens_per_round"] for r in cs],
+                "o-",
+                label=f"batch {b}",
+            )
+            ax.plot(
+                [r["gamma"] for r in cs],
+                [expected_tokens_per_round(r["alpha"], r["gamma"]) for r in cs],
+                ":",
+                color=ax.lines[-1].get_color(),
+            )
+        ax.set(title=f"T = {t:g} (dotted: i.i.d. model)", xlabel="γ", ylabel="tokens / round")
+        ax.legend()
+    save(fig, "tokens_per_round.png")
+
+    # 3. Speedup vs γ, dynamic schedules as markers at their mean γ.
+    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+    markers = {"heuristic": "^", "confidence": "s", "cost_model": "*", "ngram": "x"}
+    for ax, t in zip(axes[0], temps, strict=True):
+        for b in batches:
+            cs = pick(temperature=t, batch=b, schedule="constant")
+            (line,) = ax.plot(
+                [r["gamma"] for r in cs], [r["speedup"] for r in cs], "o-", label=f"batch {b}"
+            )
+            for name, m in markers.items():
+                for r in pick(temperature=t, batch=b, schedule=name):
+                    ax.plot(r["mean_gamma"], r["speedup"], m, color=line.get_color(), markersize=9)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(
+            title=f"T = {t:g}  (^ heuristic, ■ confidence, * cost model, x n-gram)",
+            xlabel="γ (mean γ for dynamic schedules)",
+            ylabel="speedup vs autoregressive",
+        )
+        ax.title.set_fontsize(9)
+        ax.legend()
+    save(fig, "speedup_vs_gamma.png")
+
+    # 4. Measured vs predicted speedup.
+    fig, ax = plt.subplots(figsize=(4.8, 4.5))
+    spec = [r for r in rows if r["schedule"] != "autoregressive"]
+    for name in ("constant", *markers):
+        rs = [r for r in spec if r["schedule"] == name]
+        ax.plot(
+            [r["predicted_speedup"] for r in rs],
+            [r["speedup"] for r in rs],
+            markers.get(name, "o"),
+            label=name,
+            alpha=0.8,
+        )
+    lim = max(max(r["speedup"] for r in spec), max(r["predicted_speedup"] for r in spec)) * 1.05
+    ax.plot([0, lim], [0, lim], color="grey", lw=0.8)
+    ax.set(
+        xlabel="predicted (calibrated costs × rounds run)",
+        ylabel="measured",
+        title="speedup: measured vs predicted",
+    )
+    ax.legend()
+    save(fig, "measured_vs_predicted.png")
+    return paths

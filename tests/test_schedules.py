@@ -1,0 +1,288 @@
+"""Draft-length schedules and the n-gram proposer inside the compiled loop: greedy
+equality, enumerated exactness, per-row independence, no cache copies, the rules."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_decode import (
+    PROMPTS,
+    VOCAB,
+    _copies_outside_entry,
+    chi_square_pvalue,
+    exact_sequence_probs,
+    make_model,
+    ragged_prompts,
+    sample_sequences,
+)
+
+import jax_specdec.decode as decode_module
+from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.proposers import NGram
+from jax_specdec.schedules import (
+    Confidence,
+    Constant,
+    CostModel,
+    Custom,
+    Heuristic,
+    ScheduleStats,
+    expected_tokens,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_model(0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return make_model(1, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32)
+
+
+def skip_then_draft(stats):
+    """γ = 0 for five rounds, then 3 for three: the draft cache lags by 5 and catches up."""
+    return jnp.where(stats.round % 8 < 5, 0, 3)
+
+
+def cycle(stats):
+    return (stats.round % 3) * 2  # 0, 2, 4, 0, ...
+
+
+# Each draws γ differently; all with max_gamma <= 4 to keep compile times small.
+MODEL_SCHEDULES = {
+    "heuristic": Heuristic(initial=2, min_gamma=1, max_gamma=4),
+    "confidence": Confidence(threshold=0.5, max_gamma=4),
+    "cost_model": CostModel(draft_cost=0.1, verify_costs=(1.0, 1.1, 1.2, 1.3, 1.4)),
+    "cost_model_off": CostModel(draft_cost=1.0, verify_costs=(1.0, 3.0, 5.0)),
+    "custom_skip": Custom(skip_then_draft, max_gamma=3),
+    "custom_cycle": Custom(cycle, max_gamma=4),
+}
+NGRAM_SCHEDULES = {
+    "ngram_constant": Constant(3),
+    "ngram_heuristic": Heuristic(initial=2, max_gamma=4),
+    "ngram_cycle": Custom(cycle, max_gamma=4),
+}
+
+
+def proposer_and_schedule(name, draft):
+    if name in MODEL_SCHEDULES:
+        return draft, MODEL_SCHEDULES[name]
+    return NGram(max_ngram=3, min_ngram=1), NGRAM_SCHEDULES[name]
+
+
+ALL = sorted([*MODEL_SCHEDULES, *NGRAM_SCHEDULES])
+
+
+# ---------------------------------------------------------------- greedy equality
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_greedy_equals_autoregressive_for_every_schedule(name):
+    target = make_model(10, vocab=32, scale=0.3)
+    draft = make_model(11, vocab=32, scale=0.3, num_layers=1)
+    proposer, schedule = proposer_and_schedule(name, draft)
+    # Repetitive prompts so the n-gram proposer finds matches.
+    prompts = [(p * 3)[:12] for p in ragged_prompts(12, 32, seed=4, max_len=6)]
+    greedy = SamplingConfig(temperature=0.0)
+    common = dict(max_new_tokens=24, sampling=greedy, eos_token_id=5)
+    ar = autoregressive_generate(target, prompts, key=jax.random.key(0), **common)
+    spec = speculative_generate(
+        target, proposer, prompts, key=jax.random.key(1), schedule=schedule, **common
+    )
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+    s = spec.stats
+    assert int(np.sum(s.gamma_rounds)) == int(s.target_calls) - 1
+    assert int(np.sum(s.drafted_at)) == int(np.sum(s.drafted))
+    assert int(np.sum(s.accepted_at)) == int(np.sum(s.accepted))
+    if name == "cost_model_off":  # verifying costs more than it can return: never drafts
+        assert int(np.sum(s.drafted)) == 0 and s.gamma_rounds.tolist() == [23, 0, 0]
+    if name in ("custom_skip", "ngram_cycle", "cost_model"):
+        assert int(s.gamma_rounds[0]) > 0 and int(np.sum(s.gamma_rounds[1:])) > 0
+
+
+def test_ngram_accepts_repeats_of_greedy_decoding():
+    target = make_model(10, vocab=32, scale=0.3)
+    common = dict(key=jax.random.key(0), max_new_tokens=48, sampling=SamplingConfig(0.0))
+    ar = autoregressive_generate(target, [[1, 2, 3]], **common)
+    out = speculative_generate(
+        target, NGram(max_ngram=2), [[1, 2, 3]], num_draft_tokens=4, **common
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    # A small random model's greedy text repeats itself, which prompt lookup predicts:
+    # fewer target calls than tokens.
+    print(f"\nNGRAM greedy: alpha={out.stats.alpha:.3f}, rounds={int(out.stats.rounds[0])}")
+    assert int(out.stats.accepted[0]) > 0 and int(out.stats.rounds[0]) < 47
+
+
+# ---------------------------------------------------------------- exactness
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_samples_follow_the_target_for_every_schedule(target, draft, name):
+    proposer, schedule = proposer_and_schedule(name, draft)
+    sampling = SamplingConfig(0.8, top_k=5) if "cycle" in name else SamplingConfig(1.0)
+    eos = 2 if name.startswith("ngram") else None
+    seqs, run_stats = sample_sequences(
+        target, proposer, sampling, None, eos, seed=len(name), schedule=schedule
+    )
+    if name not in ("cost_model_off", "custom_skip"):  # those two only run γ = 0 here
+        assert int(np.sum(run_stats.drafted)) > 0
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(
+            f"\nSCHEDULE-EXACTNESS {name} prompt{which}: alpha={run_stats.alpha:.3f} "
+            f"widths={np.asarray(run_stats.gamma_rounds).tolist()} chi2_pvalue={pvalue:.3g}"
+        )
+        assert pvalue > 1e-3
+
+
+# ---------------------------------------------------------------- rows and programs
+
+
+@pytest.mark.parametrize("name", ["heuristic", "confidence", "ngram_heuristic"])
+def test_per_row_schedules_keep_rows_independent_of_the_batch(target, draft, name):
+    proposer, schedule = proposer_and_schedule(name, draft)
+    prompts = [(p * 2)[:8] for p in ragged_prompts(8, VOCAB, seed=5)]
+    keys = jax.random.split(jax.random.key(7), 8)
+    kwargs = dict(max_new_tokens=12, schedule=schedule, sampling=SamplingConfig(0.9))
+    batch = speculative_generate(target, proposer, prompts, key=keys, **kwargs)
+    for b in (0, 5):
+        alone = speculative_generate(target, proposer, [prompts[b]], key=keys[b : b + 1], **kwargs)
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(batch.tokens)[b])
+
+
+def test_constant_schedule_is_num_draft_tokens(target, draft):
+    prompts = ragged_prompts(4, VOCAB, seed=2)
+    kwargs = dict(key=jax.random.key(3), max_new_tokens=10, sampling=SamplingConfig(1.0))
+    a = speculative_generate(target, draft, prompts, num_draft_tokens=3, **kwargs)
+    b = speculative_generate(target, draft, prompts, schedule=Constant(3), **kwargs)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+
+
+@pytest.mark.parametrize("name", ["heuristic", "confidence", "custom_skip"])
+def test_dynamic_rounds_do_not_copy_caches(target, draft, name):
+    prompts = [[1, 2, 3], [4]]
+    program = decode_module.speculative_program(
+        target,
+        draft,
+        prompts,
+        key=jax.random.key(0),
+        max_new_tokens=8,
+        schedule=MODEL_SCHEDULES[name],
+    )
+    hlo = program.func.lower(*program.args, **program.keywords).compile().as_text()
+    cache_len = program.keywords["cache_len"]
+    for model in (target, draft):
+        c = model.config
+        shape = f"f32[2,{c.num_kv_heads},{cache_len},{c.head_dim}]"
+        assert shape in hlo
+        assert _copies_outside_entry(hlo, shape) == 0, f"cache {shape} copied in {name}"
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def stats_of(**fields):
+    round_ = np.int32(fields.pop("round", 1))
+    batch = len(next(iter(fields.values())))
+    base = {k: np.zeros(batch, np.int32) for k in ScheduleStats._fields}
+    base["round"] = round_
+    base["active"] = np.ones(batch, bool)
+    base.update({k: np.asarray(v) for k, v in fields.items()})
+    return ScheduleStats(**{k: jnp.asarray(v) for k, v in base.items()})
+
+
+def test_heuristic_rule():
+    h = Heuristic(initial=3, min_gamma=1, max_gamma=6)
+    assert h(stats_of(round=0, last_gamma=[0, 0])).tolist() == [3, 3]
+    s = stats_of(last_gamma=[3, 3, 5, 1, 6], last_accepted=[3, 2, 5, 0, 6])
+    assert h(s).tolist() == [5, 2, 6, 1, 6]
+
+
+def test_cost_model_rule():
+    costs = CostModel(draft_cost=0.05, verify_costs=(1.0, 1.05, 1.1, 1.15, 1.2))
+    confident = stats_of(accepted=[90, 95], rejected=[10, 5])
+    hopeless = stats_of(accepted=[0, 1], rejected=[50, 60])
+    assert costs(confident).tolist() == [4, 4]
+    assert costs(hopeless).tolist() == [0, 0]
+    # The choice maximises the batch's expected tokens per unit of cost.
+    alpha = np.asarray(costs.alpha(confident))
+    value = [
+        sum(float(expected_tokens(a, g)) for a in alpha) / (g * 0.05 + costs.verify_costs[g])
+        for g in range(5)
+    ]
+    assert int(np.argmax(value)) == 4
+    # Expensive verification: a plain decode step wins even at α = 0.9.
+    assert CostModel(0.1, (1.0, 2.5, 4.0))(confident).tolist() == [0, 0]
+
+
+def test_custom_schedule_clips_and_checks():
+    c = Custom(lambda s: s.accepted - 1, max_gamma=3)
+    assert c(stats_of(accepted=[0, 2, 9])).tolist() == [0, 1, 3]
+    with pytest.raises(TypeError, match="Custom.fn must return integers"):
+        Custom(lambda s: s.accepted * 0.5)(stats_of(accepted=[1]))
+
+
+def reference_ngram(history, gamma, max_n, min_n):
+    for n in range(max_n, min_n - 1, -1):
+        if len(history) <= n:
+            continue
+        suffix = history[-n:]
+        for j in range(len(history) - n - 1, -1, -1):
+            if history[j : j + n] == suffix:
+                follow = history[j + n : j + n + gamma]
+                return follow
+    return []
+
+
+def test_ngram_matches_a_python_reference():
+    rng = np.random.default_rng(0)
+    batch, width, gamma = 64, 40, 5
+    tokens = rng.integers(0, 4, size=(batch, width)).astype(np.int32)
+    lengths = rng.integers(1, width + 1, size=batch).astype(np.int32)
+    proposer = NGram(max_ngram=3, min_ngram=2)
+    proposed, count = jax.jit(proposer.propose, static_argnums=2)(
+        jnp.asarray(tokens), jnp.asarray(lengths), gamma
+    )
+    for b in range(batch):
+        want = reference_ngram(tokens[b, : lengths[b]].tolist(), gamma, 3, 2)
+        assert int(count[b]) == len(want), b
+        assert np.asarray(proposed)[b, : len(want)].tolist() == want
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Constant(0), "Constant.gamma"),
+        (lambda: Heuristic(initial=9, max_gamma=8), "Heuristic.initial"),
+        (lambda: Heuristic(min_gamma=5, max_gamma=2, initial=2), "min_gamma"),
+        (lambda: Confidence(threshold=1.5), "Confidence.threshold"),
+        (lambda: CostModel(0.1, (1.0,)), "verify_costs"),
+        (lambda: CostModel(-0.1, (1.0, 1.0)), "positive"),
+        (lambda: CostModel(0.1, (1.0, 1.0), prior_alpha=1.0), "prior_alpha"),
+        (lambda: Custom(3), "Custom.fn"),
+        (lambda: NGram(max_ngram=0), "NGram.max_ngram"),
+        (lambda: NGram(max_ngram=2, min_ngram=3), "min_ngram"),
+    ],
+)
+def test_bad_schedule_parameters(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_bad_schedule_arguments(target, draft):
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=4)
+    with pytest.raises(ValueError, match="either num_draft_tokens or schedule"):
+        speculative_generate(
+            target, draft, [[1]], num_draft_tokens=2, schedule=Constant(2), **kwargs
+        )
+    with pytest.raises(TypeError, match="schedule must be one of"):
+        speculative_generate(target, draft, [[1]], schedule=4, **kwargs)
+    with pytest.raises(ValueError, match="Confidence schedule needs a draft model"):
+        speculative_generate(target, NGram(), [[1]], schedule=Confidence(), **kwargs)
+    with pytest.raises(TypeError, match="proposer such as"):
+        speculative_generate(target, "ngram", [[1]], **kwargs)
