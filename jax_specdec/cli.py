@@ -313,6 +313,12 @@ def _cmd_sweep(args, parser) -> int:
         if args.max_new_tokens < 1 or args.repeats < 1:
             raise ValueError("--max-new-tokens and --repeats must be >= 1")
         prompts = _read_prompts(args.prompts)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "the sweep's plots need matplotlib: pip install -e '.[plot]'"
+            ) from None
         target, draft, tokenizer = _load_pair(args)
     except (ValueError, OSError) as e:
         _fail(parser, e)

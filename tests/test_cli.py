@@ -104,3 +104,59 @@ def test_generate_bad_input_one_line_exit_2(pair, extra, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def f(x):\\n    return\nimport os\nclass A:\n")
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--target", str(pair / "target"), "--draft", str(pair / "draft")]
+    argv += ["--prompts", str(prompts), "--batches", "2", "--temperatures", "0,1"]
+    argv += ["--gammas", "2", "--max-gamma", "2", "--max-new-tokens", "6", "--repeats", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| batch | T | best constant γ |" in table
+    results = json.loads((out / "sweep.json").read_text())
+    rows = results["rows"]
+    # Per temperature: autoregressive, constant γ=2, heuristic, confidence, cost model, n-gram.
+    assert len(rows) == 2 * 6
+    assert {r["schedule"] for r in rows} == {
+        "autoregressive",
+        "constant",
+        "heuristic",
+        "confidence",
+        "cost_model",
+        "ngram",
+    }
+    greedy = [r for r in rows if r["temperature"] == 0 and r["schedule"] != "autoregressive"]
+    assert all(r["same_tokens_as_autoregressive"] for r in greedy)
+    assert len(results["switch"]) == 1 and results["switch"][0]["rounds"][0] > 0
+    assert len(results["costs"][0]["verify_ms"]) == 3
+    for name in [
+        "acceptance_per_position.png",
+        "tokens_per_round.png",
+        "speedup_vs_gamma.png",
+        "measured_vs_predicted.png",
+        "sweep.md",
+    ]:
+        assert (out / name).stat().st_size > 100, name
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--gammas", "0"], "--gammas"),
+        (["--gammas", "4", "--max-gamma", "2"], "--max-gamma"),
+        (["--temperatures", "-1"], "--temperatures"),
+        (["--threshold", "2"], "--threshold"),
+        (["--target", "/nonexistent"], "nonexistent"),
+        (["--prompts", "/nonexistent.txt"], "nonexistent"),
+    ],
+)
+def test_sweep_bad_input(pair, args, match, capsys):
+    argv = ["sweep", "--target", str(pair / "target"), "--draft", str(pair / "draft")]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
