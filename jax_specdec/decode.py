@@ -34,7 +34,7 @@ from jax_specdec.acceptance import accept_with_noise
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.proposers import NGram
 from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample
-from jax_specdec.schedules import SCHEDULES, Constant, Heuristic, Schedule, ScheduleStats
+from jax_specdec.schedules import SCHEDULES, Constant, Schedule, ScheduleStats
 
 __all__ = [
     "GenerationOutput",
@@ -308,6 +308,7 @@ def _init_state(
     vocab_size,
     cache_len,
     buffer_len,
+    prefill_draft,
 ):
     batch, width = prompts.shape
     target_cache = init_cache(target.config, batch=batch, max_len=cache_len)
@@ -316,7 +317,8 @@ def _init_state(
     draft_cache = None
     if draft is not None:
         draft_cache = init_cache(draft.config, batch=batch, max_len=cache_len)
-        _, draft_cache = _prefill(draft, draft_cache, prompts, prompt_lengths)
+        if prefill_draft:
+            _, draft_cache = _prefill(draft, draft_cache, prompts, prompt_lengths)
     first = sample(
         jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), probs_from_logits(logits, sampling)
     )
@@ -412,23 +414,31 @@ def _draft_step(draft, sampling, vocab_size):
     return step
 
 
-def _catch_up(draft, cache, tokens, lengths, needed, chunk: int = 4):
-    """Brings the draft cache to `lengths - 2` valid positions in the rows where `needed`,
-    after rounds that did not run the draft (γ = 0). A no-op check when it is there."""
+def _catch_up(draft, cache, tokens, lengths, needed):
+    """Brings the draft cache to `lengths - 2` valid positions in the rows where `needed`:
+    after rounds that did not run the draft (γ = 0), or from empty (a skippable
+    schedule has no draft prefill). Feeds chunks of 32 tokens while a row is 16 or more
+    behind, then of 4; a no-op check when nothing is behind."""
     goal = jnp.where(needed, lengths - 2, 0)
     width = tokens.shape[1]
 
-    def body(cache):
-        idx = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)
-        chunk_tokens = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
-        _, new = draft.decode(chunk_tokens, cache)
-        # Rows already there wrote only past their valid entries; they keep their length.
-        behind = cache.lengths < goal
-        return new.replace(
-            lengths=jnp.where(behind, jnp.minimum(cache.lengths + chunk, goal), cache.lengths)
-        )
+    def feed(chunk):
+        def body(cache):
+            idx = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)
+            chunk_tokens = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
+            _, new = draft.decode(chunk_tokens, cache)
+            # Rows already there wrote only past their valid entries; they keep their length.
+            behind = cache.lengths < goal
+            step = jnp.minimum(cache.lengths + chunk, goal)
+            return new.replace(lengths=jnp.where(behind, step, cache.lengths))
 
-    return jax.lax.while_loop(lambda c: jnp.any(c.lengths < goal), body, cache)
+        return body
+
+    for chunk, lag in ((min(32, cache.max_len), 16), (min(4, cache.max_len), 1)):
+        cache = jax.lax.while_loop(
+            lambda c, lag=lag: jnp.any(c.lengths + lag <= goal), feed(chunk), cache
+        )
+    return cache
 
 
 def _pad_entries(entries, size):
@@ -650,9 +660,10 @@ def _speculative_round(
     else:
         constant = isinstance(schedule, Constant)
         width = gamma_max if constant else widest(gammas)
-        if not isinstance(schedule, (Constant, Heuristic)):
+        if schedule.can_skip:
             # CostModel and Custom can pick γ = 0, a plain target step that skips the
-            # draft, so the draft cache may have to catch up before it drafts again.
+            # draft (and start without a draft prefill), so the draft cache may have to
+            # catch up before it drafts.
             draft_cache = _catch_up(draft, draft_cache, state.tokens, lengths, active & (width > 0))
 
         def round_of_width(w, light):
@@ -794,6 +805,7 @@ def _generate_program(
         vocab_size=vocab_size,
         cache_len=cache_len,
         buffer_len=buffer_len,
+        prefill_draft=schedule is not None and not schedule.can_skip,
     )
     common = dict(
         prompt_lengths=prompt_lengths,

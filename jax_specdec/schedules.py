@@ -21,6 +21,11 @@ Per row or per batch (`per_row`):
   its neighbours through the chosen γ (their distribution never does).
 - `Custom`: whatever the user's function does; it says so with `per_row`.
 
+`can_skip` says whether a schedule may choose γ = 0 for the whole batch. Those that can
+(`CostModel`, `Custom`) get no draft prefill up front: the draft cache is filled by the
+same catch-up that follows γ = 0 rounds, the first time a round drafts, so a run where
+speculation never pays costs what autoregressive decoding costs.
+
 Every schedule is a frozen dataclass, hashable, so it is a static argument of the
 compiled program: changing the schedule recompiles, changing its inputs does not.
 """
@@ -93,6 +98,7 @@ class Constant:
     gamma: int = 4
 
     per_row = True
+    can_skip = False
     threshold = None
 
     def __post_init__(self):
@@ -119,6 +125,7 @@ class Heuristic:
     decrease: int = 1
 
     per_row = True
+    can_skip = False
     threshold = None
 
     def __post_init__(self):
@@ -158,6 +165,7 @@ class Confidence:
     max_gamma: int = 8
 
     per_row = True
+    can_skip = False
 
     def __post_init__(self):
         _check_gamma("Confidence.max_gamma", self.max_gamma)
@@ -190,6 +198,7 @@ class CostModel:
     prior_weight: float = 4.0
 
     per_row = False
+    can_skip = True
     threshold = None
 
     def __post_init__(self):
@@ -244,6 +253,7 @@ class Custom:
     max_gamma: int = 8
     per_row: bool = True
 
+    can_skip = True
     threshold = None
 
     def __post_init__(self):
