@@ -29,6 +29,7 @@ __all__ = [
     "bare_matmul_time",
     "peak_rss_mib",
     "calibrate_costs",
+    "calibrate_round_costs",
 ]
 
 
@@ -182,6 +183,47 @@ def calibrate_costs(
         verify_costs=tuple(step(target, k + 1) for k in range(max_gamma + 1)),
         prior_alpha=prior_alpha,
     )
+
+
+def calibrate_round_costs(
+    target: Transformer,
+    draft: Transformer,
+    prompts,
+    *,
+    max_gamma: int,
+    max_new_tokens: int = 32,
+    repeats: int = 3,
+    prior_alpha: float = 0.6,
+):
+    """A `schedules.CostModel` from whole rounds timed inside the compiled loop: the
+    autoregressive program (γ = 0) and constant-γ programs for γ = 1 … max_gamma on
+    `prompts`, greedy, each minus its prefill (a 1-token run), per round. Unlike
+    `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping."""
+    from jax_specdec.decode import autoregressive_program, speculative_program
+    from jax_specdec.sampling import SamplingConfig
+    from jax_specdec.schedules import CostModel
+
+    common = dict(key=jax.random.key(0), sampling=SamplingConfig(0.0))
+
+    def per_round(make):
+        prefill, _ = time_generation(make(1), repeats)
+        timing, out = time_generation(make(max_new_tokens), repeats)
+        jax.clear_caches()
+        rounds = int(out.stats.target_calls) - 1
+        return max(timing.median - prefill.median, 1e-9) / rounds
+
+    costs = [
+        per_round(lambda n: autoregressive_program(target, prompts, max_new_tokens=n, **common))
+    ]
+    for gamma in range(1, max_gamma + 1):
+        costs.append(
+            per_round(
+                lambda n, g=gamma: speculative_program(
+                    target, draft, prompts, max_new_tokens=n, num_draft_tokens=g, **common
+                )
+            )
+        )
+    return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)
 
 
 def peak_rss_mib() -> float:

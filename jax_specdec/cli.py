@@ -142,15 +142,10 @@ def _cmd_generate(args, parser) -> int:
     from jax_specdec.decode import speculative_generate
 
     ids = [tokenizer.encode(p).ids for p in prompts]
-    eos = None
-    if args.eos == "auto":
-        eos = tokenizer.token_to_id("<|endoftext|>")
-    elif args.eos != "none":
-        if not args.eos.isdigit():
-            _fail(
-                parser, ValueError(f"--eos must be 'auto', 'none' or a token id, got {args.eos!r}")
-            )
-        eos = int(args.eos)
+    try:
+        eos = _eos(args.eos, tokenizer)
+    except ValueError as e:
+        _fail(parser, e)
     common = dict(
         key=jax.random.key(args.seed),
         max_new_tokens=args.max_new_tokens,
@@ -345,6 +340,131 @@ def _cmd_sweep(args, parser) -> int:
     return 0
 
 
+def _cmd_batch(args, parser) -> int:
+    import json
+    import pathlib
+
+    from jax_specdec.batch import JobError, model_identity, read_rows, run_job
+
+    try:
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if args.num_draft_tokens < 1:
+            raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if not 0 <= args.seed < 2**63:
+            raise ValueError(f"--seed must lie in [0, 2**63), got {args.seed}")
+        sampling = _sampling(args)
+        if not pathlib.Path(args.input).is_file():
+            raise ValueError(f"--input: {args.input} is not a file")
+        target, draft, tokenizer = _load_pair(args)
+        eos = _eos(args.eos, tokenizer)
+        rows, errors = read_rows(
+            args.input,
+            tokenizer=tokenizer,
+            vocab_size=target.config.vocab_size,
+            job_seed=args.seed,
+            sampling=sampling,
+            max_new_tokens=args.max_new_tokens,
+            on_error=args.on_error,
+        )
+    except (ValueError, OSError) as e:
+        _fail(parser, e)
+    output = pathlib.Path(args.output)
+    errors_path = pathlib.Path(args.errors or f"{output}.errors.jsonl")
+    if errors:
+        errors_path.write_text("".join(json.dumps(e) + "\n" for e in errors))
+        print(f"skipped {len(errors)} bad line(s), listed in {errors_path}", file=sys.stderr)
+
+    import jax
+    import numpy as np
+
+    from jax_specdec.decode import autoregressive_generate, speculative_generate
+
+    mesh = None
+    if args.mesh is not None:
+        try:
+            data, model = (int(x) for x in args.mesh.lower().split("x"))
+            mesh = jax.make_mesh((data, model), ("data", "model"))
+        except ValueError as e:
+            _fail(
+                parser,
+                ValueError(
+                    f"--mesh must be DATAxMODEL with {jax.device_count()} "
+                    f"devices in all, got {args.mesh!r} ({e})"
+                ),
+            )
+
+    def generate(prompts, keys, row_sampling, max_new_tokens):
+        rows = len(prompts)
+        if mesh is not None:  # whole rows per data shard: repeat the last row, drop it after
+            data = mesh.shape["data"]
+            extra = -rows % data
+            prompts = prompts + [prompts[-1]] * extra
+            keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
+        # Prompts padded to a multiple of 16 so buckets of similar lengths share a program.
+        width = -(-max(len(p) for p in prompts) // 16) * 16
+        padded = np.zeros((len(prompts), width), np.int32)
+        for b, p in enumerate(prompts):
+            padded[b, : len(p)] = p
+        lengths = np.array([len(p) for p in prompts], np.int32)
+        common = dict(
+            key=keys,
+            max_new_tokens=max_new_tokens,
+            sampling=row_sampling,
+            eos_token_id=eos,
+            prompt_lengths=lengths,
+            mesh=mesh,
+        )
+        if args.autoregressive:
+            out = autoregressive_generate(target, padded, **common)
+        else:
+            out = speculative_generate(
+                target, draft, padded, num_draft_tokens=args.num_draft_tokens, **common
+            )
+        return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == len(prompts) else a, out)
+
+    job = {
+        "mode": "autoregressive" if args.autoregressive else "speculative",
+        "target": model_identity(args.target),
+        "draft": None if args.autoregressive else model_identity(args.draft),
+        "seed": args.seed,
+        "num_draft_tokens": None if args.autoregressive else args.num_draft_tokens,
+        "defaults": {
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "max_new_tokens": args.max_new_tokens,
+            "eos_token_id": eos,
+        },
+    }
+    try:
+        summary = run_job(
+            rows,
+            output,
+            generate=generate,
+            job=job,
+            batch_size=args.batch_size,
+            detokenize=tokenizer.decode,
+        )
+    except (JobError, ValueError) as e:
+        _fail(parser, e)
+    summary["bad_lines"] = len(errors)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _eos(text: str, tokenizer):
+    if text == "auto":
+        return tokenizer.token_to_id("<|endoftext|>")
+    if text == "none":
+        return None
+    if not text.isdigit():
+        raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-specdec", description="Exact speculative decoding in JAX."
@@ -401,6 +521,41 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="docs/sweep", help="output directory")
     sw.set_defaults(handler=_cmd_sweep, parser=sw)
+
+    job = sub.add_parser(
+        "batch",
+        help="a resumable JSONL generation job (one result line per input row)",
+        description="Input lines: {id, prompt | tokens, [seed, temperature, top_k, top_p, "
+        "max_new_tokens]}. Output lines: {id, seed, tokens, text, stats}. A restarted job "
+        "skips finished ids; a row depends only on the job seed and its id (or its seed).",
+    )
+    job.add_argument("--input", required=True, help="JSONL prompts")
+    job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")
+    job.add_argument("--target", default=DEFAULT_TARGET, help="target model directory")
+    job.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model directory")
+    job.add_argument("--batch-size", type=int, default=8)
+    job.add_argument("--seed", type=int, default=0, help="job seed (rows without their own)")
+    job.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    job.add_argument("--max-new-tokens", type=int, default=128)
+    job.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    job.add_argument("--top-k", type=int, default=0)
+    job.add_argument("--top-p", type=float, default=1.0)
+    job.add_argument("--eos", default="auto", help="'auto' (<|endoftext|>), 'none' or an id")
+    job.add_argument(
+        "--on-error",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a malformed input line stops the job (default) or is skipped and listed",
+    )
+    job.add_argument("--errors", help="where skipped lines go (default <output>.errors.jsonl)")
+    job.add_argument(
+        "--autoregressive", action="store_true", help="plain decoding of the target (baseline)"
+    )
+    job.add_argument(
+        "--mesh",
+        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices)",
+    )
+    job.set_defaults(handler=_cmd_batch, parser=job)
 
     for name in ("train", "distill"):
         p = sub.add_parser(

@@ -29,12 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding
 
 from jax_specdec.acceptance import accept_with_noise
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.proposers import NGram
 from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample
 from jax_specdec.schedules import SCHEDULES, Constant, Schedule, ScheduleStats
+from jax_specdec.sharding import cache_spec, check_mesh, place_rows, shard_state
 
 __all__ = [
     "GenerationOutput",
@@ -309,14 +311,27 @@ def _init_state(
     cache_len,
     buffer_len,
     prefill_draft,
+    mesh,
 ):
     batch, width = prompts.shape
-    target_cache = init_cache(target.config, batch=batch, max_len=cache_len)
+
+    def init(config):
+        cache = init_cache(config, batch=batch, max_len=cache_len)
+        if mesh is None:
+            return cache
+        # Rows over the data axis, key/value heads over the model axis.
+        spec = NamedSharding(mesh, cache_spec())
+        return cache.replace(
+            keys=tuple(jax.lax.with_sharding_constraint(a, spec) for a in cache.keys),
+            values=tuple(jax.lax.with_sharding_constraint(a, spec) for a in cache.values),
+        )
+
+    target_cache = init(target.config)
     logits, target_cache = _prefill(target, target_cache, prompts, prompt_lengths)
     logits = logits[:, :vocab_size]
     draft_cache = None
     if draft is not None:
-        draft_cache = init_cache(draft.config, batch=batch, max_len=cache_len)
+        draft_cache = init(draft.config)
         if prefill_draft:
             _, draft_cache = _prefill(draft, draft_cache, prompts, prompt_lengths)
     first = sample(
@@ -767,6 +782,7 @@ def _finish(state, prompt_lengths, max_new_tokens, pad_token_id):
         "vocab_size",
         "cache_len",
         "pad_token_id",
+        "mesh",
     ),
 )
 def _generate_program(
@@ -786,8 +802,11 @@ def _generate_program(
     vocab_size,
     cache_len,
     pad_token_id,
+    mesh,
 ):
     """The whole generation as one XLA program (no schedule: autoregressive)."""
+    if keys.dtype == jnp.uint32:  # key data, as placed on a mesh
+        keys = jax.random.wrap_key_data(keys)
     target = nnx.merge(target_def, target_state)
     draft = None if draft_def is None else nnx.merge(draft_def, draft_state)
     gamma_max = 0 if schedule is None else schedule.max_gamma
@@ -806,6 +825,7 @@ def _generate_program(
         cache_len=cache_len,
         buffer_len=buffer_len,
         prefill_draft=schedule is not None and not schedule.can_skip,
+        mesh=mesh,
     )
     common = dict(
         prompt_lengths=prompt_lengths,
@@ -834,14 +854,28 @@ def _bind(target, draft, prompts, prompt_lengths, keys, **static):
     )
     target_def, target_state = nnx.split(target)
     draft_def, draft_state = (None, None) if draft is None else nnx.split(draft)
+    mesh = static["mesh"]
+    if mesh is None:
+        prompts, prompt_lengths = jnp.asarray(prompts), jnp.asarray(prompt_lengths)
+    else:
+        check_mesh(
+            mesh,
+            [("target", target.config)] + ([] if draft is None else [("draft", draft.config)]),
+            batch=prompts.shape[0],
+        )
+        target_state = shard_state(target_state, mesh)
+        draft_state = None if draft is None else shard_state(draft_state, mesh)
+        prompts, prompt_lengths, keys = place_rows(
+            mesh, prompts, prompt_lengths, np.asarray(jax.random.key_data(keys))
+        )
     return functools.partial(
         _generate_program,
         target_def,
         target_state,
         draft_def,
         draft_state,
-        jnp.asarray(prompts),
-        jnp.asarray(prompt_lengths),
+        prompts,
+        prompt_lengths,
         keys,
         cache_len=cache_len,
         **static,
@@ -877,6 +911,7 @@ def speculative_program(
     prompt_lengths=None,
     vocab_size: int | None = None,
     pad_token_id: int = 0,
+    mesh: Mesh | None = None,
 ) -> Callable[[], GenerationOutput]:
     """The speculative program with its inputs validated and bound, not yet run.
 
@@ -923,6 +958,7 @@ def speculative_program(
         eos_token_id=eos_token_id,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,
+        mesh=mesh,
     )
 
 
@@ -968,6 +1004,7 @@ def autoregressive_program(
     eos_token_id: int | None = None,
     prompt_lengths=None,
     pad_token_id: int = 0,
+    mesh: Mesh | None = None,
 ) -> Callable[[], GenerationOutput]:
     """The autoregressive program with its inputs validated and bound, not yet run.
 
@@ -990,6 +1027,7 @@ def autoregressive_program(
         eos_token_id=eos_token_id,
         vocab_size=target.config.vocab_size,
         pad_token_id=pad_token_id,
+        mesh=mesh,
     )
 
 
@@ -1007,6 +1045,7 @@ def speculative_generate(
     prompt_lengths=None,
     vocab_size: int | None = None,
     pad_token_id: int = 0,
+    mesh: Mesh | None = None,
 ) -> GenerationOutput:
     """Generates with speculative decoding; distributed exactly as sampling from `target`.
 
@@ -1031,6 +1070,10 @@ def speculative_generate(
         exact as long as the target gives padded ids no probability. Required when
         the two vocabulary sizes differ.
       pad_token_id: fills `tokens` after each row's end.
+      mesh: a `jax.sharding.Mesh` with axes "data" and "model" (see
+        `jax_specdec.sharding`): rows split over data, weights and caches' heads over
+        model; still one program. Works under `jax.distributed` with several processes
+        (every process passes the same inputs; the outputs are global arrays).
 
     Returns:
       GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
@@ -1048,6 +1091,7 @@ def speculative_generate(
         prompt_lengths=prompt_lengths,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,
+        mesh=mesh,
     )
     return _checked(program())
 
@@ -1062,6 +1106,7 @@ def autoregressive_generate(
     eos_token_id: int | None = None,
     prompt_lengths=None,
     pad_token_id: int = 0,
+    mesh: Mesh | None = None,
 ) -> GenerationOutput:
     """Plain decoding, one target call per token: the baseline, built like the speculative
     loop (one program, the same cache code) so speed comparisons are fair.
@@ -1077,5 +1122,6 @@ def autoregressive_generate(
         eos_token_id=eos_token_id,
         prompt_lengths=prompt_lengths,
         pad_token_id=pad_token_id,
+        mesh=mesh,
     )
     return _checked(program())

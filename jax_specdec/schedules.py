@@ -186,7 +186,10 @@ class CostModel:
 
     `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a plain
     decode step) and `draft_cost` one draft step, at the batch size and context used;
-    measure them with `jax_specdec.bench.calibrate_costs`. γ = 0 runs a plain decode
+    measure them with `jax_specdec.bench.calibrate_costs`. Or pass the measured cost of
+    whole rounds of width k as `verify_costs[k]` with `draft_cost=0`
+    (`jax_specdec.bench.calibrate_round_costs`): that includes sampling, acceptance and
+    the loop's bookkeeping, which standalone model calls leave out. γ = 0 runs a plain decode
     step, so speculation switches itself off where it does not pay. α is only learned
     from rounds that draft: once γ = 0 is chosen with the current estimate it stays
     chosen until the costs say otherwise.
@@ -208,8 +211,8 @@ class CostModel:
                 "CostModel.verify_costs needs the cost of verifying 1..max_gamma+1 tokens "
                 f"(at least 2 entries), got {len(costs)}"
             )
-        if any(not c > 0 for c in (*costs, float(self.draft_cost))):
-            raise ValueError("CostModel costs must be positive")
+        if any(not c > 0 for c in costs) or not float(self.draft_cost) >= 0:
+            raise ValueError("CostModel costs must be positive (draft_cost may be 0)")
         object.__setattr__(self, "verify_costs", costs)
         object.__setattr__(self, "draft_cost", float(self.draft_cost))
         if not 0.0 < self.prior_alpha < 1.0:

@@ -1,12 +1,13 @@
 """The schedule sweep: draft-length schedules × γ × temperature × batch on one pair.
 
-For every batch size it calibrates a `CostModel` (measured draft step and verify
-costs), then for every temperature times the autoregressive baseline and each
-schedule as one compiled program (medians of `repeats` runs, compilation apart):
-constant γ for each γ in the grid, the heuristic, the confidence threshold, the cost
-model and the n-gram proposer. It also times a dynamic schedule that always asks
-for γ = 2 against constant γ = 2 (greedy, so both emit the same tokens in the same
-rounds): the price of choosing γ inside the program.
+For every batch size it calibrates a `CostModel` from whole rounds timed in the loop
+(γ = 0 … max_gamma, greedy, on the batch's prompts), then for every temperature times
+the autoregressive baseline and each schedule as one compiled program (medians of
+`repeats` runs, compilation apart): constant γ for each γ in the grid, the
+heuristic, the confidence threshold, the cost model and the n-gram proposer. It
+also times a dynamic schedule that always asks for γ = 2 against constant γ = 2
+(greedy, so both emit the same tokens in the same rounds): the price of choosing γ
+inside the program.
 
 `run_sweep` returns a JSON-able dict; `write_report` writes it with PNG plots and a
 markdown table.
@@ -21,8 +22,13 @@ import pathlib
 import jax
 import numpy as np
 
-from jax_specdec.bench import calibrate_costs, expected_tokens_per_round, time_generation
-from jax_specdec.decode import autoregressive_program, speculative_program
+from jax_specdec.bench import (
+    calibrate_costs,
+    calibrate_round_costs,
+    expected_tokens_per_round,
+    time_generation,
+)
+from jax_specdec.decode import GenerationStats, autoregressive_program, speculative_program
 from jax_specdec.nn import Transformer
 from jax_specdec.proposers import NGram
 from jax_specdec.sampling import SamplingConfig
@@ -33,6 +39,40 @@ __all__ = ["run_sweep", "summary", "markdown_table", "write_report"]
 
 def _always_two(stats):
     return 2
+
+
+def _groups(prompts, batch, min_rows):
+    """Batches of `batch` prompts (cycling) covering at least `min_rows` rows, as
+    equally padded arrays so they share one compiled program."""
+    width = max(len(p) for p in prompts)
+    calls = -(-min_rows // batch)
+    out = []
+    for c in range(calls):
+        rows = [prompts[(c * batch + i) % len(prompts)] for i in range(batch)]
+        array = np.zeros((batch, width), np.int32)
+        for i, r in enumerate(rows):
+            array[i, : len(r)] = r
+        out.append((array, np.array([len(r) for r in rows], np.int32)))
+    return out
+
+
+class _Run:
+    """Several calls of one compiled program (one per prompt group), timed as a sum of
+    medians; stats merged over the groups."""
+
+    def __init__(self, make, groups, repeats):
+        timings, outs = [], []
+        for array, lengths in groups:
+            timing, out = time_generation(make(array, lengths), repeats)
+            timings.append(timing)
+            outs.append(out)
+        self.seconds = sum(t.median for t in timings)
+        self.compile = timings[0].compile
+        self.stats = GenerationStats.merge([o.stats for o in outs])
+        self.stats = self.stats.replace(target_calls=sum(int(o.stats.target_calls) for o in outs))
+        self.lengths = np.concatenate([np.asarray(o.lengths) for o in outs])
+        self.tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
+        self.rounds = int(self.stats.target_calls) - len(groups)  # prefills not counted
 
 
 def _schedules(gammas, max_gamma, threshold, cost_model):
@@ -60,12 +100,15 @@ def run_sweep(
     threshold: float = 0.4,
     repeats: int = 3,
     seed: int = 0,
+    min_rows: int = 8,
     progress: bool = True,
 ) -> dict:
     """Times every schedule against autoregressive decoding; see the module docstring.
 
-    Rows of a batch cycle through `prompts`. Returns a dict with the settings, one row
-    per (batch, temperature, schedule) and the γ = 2 switch check per batch.
+    Rows of a batch cycle through `prompts`; batches smaller than `min_rows` are run on
+    several prompt groups (batch 1 on `min_rows` prompts) and their times summed.
+    Returns a dict with the settings, one row per (batch, temperature, schedule) and
+    the γ = 2 switch check per batch.
     """
     from tqdm.auto import tqdm
 
@@ -88,6 +131,7 @@ def run_sweep(
             "threshold": threshold,
             "repeats": repeats,
             "prompts": len(prompts),
+            "min_rows": min_rows,
         },
         "backend": jax.default_backend(),
         "rows": [],
@@ -95,34 +139,54 @@ def run_sweep(
         "costs": [],
     }
     for batch in batches:
+        groups = _groups(prompts, batch, min_rows)
         rows = [prompts[i % len(prompts)] for i in range(batch)]
         context = max(len(r) for r in rows) + max_new_tokens // 2
         bar.set_postfix(batch=batch, step="calibrate")
-        cost = calibrate_costs(
+        parts = calibrate_costs(
             target, draft, batch=batch, context=context, max_gamma=max_gamma, repeats=repeats
+        )
+        # The cost model runs on whole rounds measured in the loop; the standalone
+        # parts are kept for comparison.
+        cost = calibrate_round_costs(
+            target,
+            draft,
+            rows,
+            max_gamma=max_gamma,
+            max_new_tokens=max_new_tokens // 2,
+            repeats=repeats,
         )
         results["costs"].append(
             {
                 "batch": batch,
                 "context": context,
-                "draft_ms": 1e3 * cost.draft_cost,
-                "verify_ms": [1e3 * c for c in cost.verify_costs],
+                "draft_step_ms": 1e3 * parts.draft_cost,
+                "verify_ms": [1e3 * c for c in parts.verify_costs],
+                "round_ms": [1e3 * c for c in cost.verify_costs],
             }
         )
         round_cost = np.asarray(cost.costs())
+        jax.clear_caches()
         key = jax.random.key(seed)
         for temperature in temperatures:
             sampling = SamplingConfig(temperature)
             common = dict(key=key, max_new_tokens=max_new_tokens, sampling=sampling)
             bar.set_postfix(batch=batch, t=temperature, schedule="autoregressive")
-            ar_timing, ar = time_generation(autoregressive_program(target, rows, **common), repeats)
-            ar_rounds = int(ar.stats.target_calls) - 1
+            ar = _Run(
+                lambda a, n, c=common: autoregressive_program(target, a, prompt_lengths=n, **c),
+                groups,
+                repeats,
+            )
+            ar_rounds = ar.rounds
             bar.update()
             for name, gamma, ngram, schedule in _schedules(gammas, max_gamma, threshold, cost):
                 bar.set_postfix(batch=batch, t=temperature, schedule=name, gamma=gamma)
                 proposer = NGram() if ngram else draft
-                timing, out = time_generation(
-                    speculative_program(target, proposer, rows, schedule=schedule, **common),
+                out = _Run(
+                    lambda a, n, p=proposer, sc=schedule, c=common: speculative_program(
+                        target, p, a, prompt_lengths=n, schedule=sc, **c
+                    ),
+                    groups,
                     repeats,
                 )
                 s = out.stats
@@ -130,26 +194,25 @@ def run_sweep(
                 # Predicted from the calibrated costs and the rounds this run made
                 # (the draft's costs count only where a draft model ran).
                 cost_rounds = round_cost[: len(widths)]
-                if ngram:
-                    cost_rounds = np.asarray(cost.verify_costs)[: len(widths)]
+                if ngram:  # no draft model: a round is a verify of that width
+                    cost_rounds = np.asarray(parts.verify_costs)[: len(widths)]
+                    cost_rounds = cost_rounds * round_cost[0] / cost_rounds[0]
                 predicted = ar_rounds * cost.verify_costs[0] / float(widths @ cost_rounds)
                 row = {
                     "batch": batch,
                     "temperature": temperature,
                     "schedule": name,
                     "gamma": gamma,
-                    "seconds": timing.median,
-                    "compile_seconds": timing.compile,
-                    "speedup": ar_timing.median / timing.median,
+                    "seconds": out.seconds,
+                    "compile_seconds": out.compile,
+                    "speedup": ar.seconds / out.seconds,
                     "predicted_speedup": predicted,
                     "alpha": s.alpha,
                     "tokens_per_round": s.tokens_per_round(out.lengths),
                     "acceptance_at": [None if np.isnan(a) else a for a in s.acceptance_at()],
                     "gamma_rounds": widths.tolist(),
                     "mean_gamma": float(widths @ np.arange(len(widths)) / max(widths.sum(), 1)),
-                    "same_tokens_as_autoregressive": bool(
-                        np.array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-                    ),
+                    "same_tokens_as_autoregressive": bool(np.array_equal(out.tokens, ar.tokens)),
                 }
                 if gamma is not None:
                     row["iid_predicted_speedup"] = (
@@ -159,14 +222,18 @@ def run_sweep(
                     )
                 results["rows"].append(row)
                 bar.update()
+                # Each program holds its compiled code; XLA:CPU maps memory for every
+                # kernel, and a grid of dozens of programs exhausts the process's maps.
+                del out
+                jax.clear_caches()
             results["rows"].append(
                 {
                     "batch": batch,
                     "temperature": temperature,
                     "schedule": "autoregressive",
                     "gamma": 0,
-                    "seconds": ar_timing.median,
-                    "compile_seconds": ar_timing.compile,
+                    "seconds": ar.seconds,
+                    "compile_seconds": ar.compile,
                     "speedup": 1.0,
                 }
             )
@@ -178,11 +245,16 @@ def run_sweep(
             ("dynamic", Custom(_always_two, max_gamma=max_gamma)),
         ):
             bar.set_postfix(batch=batch, step=f"switch {name}")
-            timing, out = time_generation(
-                speculative_program(target, draft, rows, schedule=schedule, **greedy), repeats
+            out = _Run(
+                lambda a, n, sc=schedule, c=greedy: speculative_program(
+                    target, draft, a, prompt_lengths=n, schedule=sc, **c
+                ),
+                groups,
+                repeats,
             )
-            timings[name] = (timing.median, int(out.stats.target_calls) - 1)
+            timings[name] = (out.seconds, out.rounds)
             bar.update()
+            jax.clear_caches()
         (c_sec, c_rounds), (d_sec, d_rounds) = timings["constant"], timings["dynamic"]
         results["switch"].append(
             {

@@ -1,0 +1,26 @@
+"""Shared fixtures: a tiny target/draft pair saved as model directories."""
+
+import pytest
+from flax import nnx
+
+from jax_specdec.data import stdlib_corpus, train_tokenizer
+from jax_specdec.hf import save_model
+from jax_specdec.nn import Transformer, TransformerConfig
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory):
+    """target/, draft/ (same tokenizer) and other/ (a different tokenizer)."""
+    root = tmp_path_factory.mktemp("models")
+    corpus = stdlib_corpus()
+    tokenizer = train_tokenizer(corpus.read(corpus.train[:10]), 300)
+    vocab = tokenizer.get_vocab_size()
+    target = Transformer(TransformerConfig.tiny(vocab_size=vocab), rngs=nnx.Rngs(0), init_scale=0.3)
+    draft = Transformer(
+        TransformerConfig.tiny(vocab_size=vocab, num_layers=1), rngs=nnx.Rngs(1), init_scale=0.3
+    )
+    save_model(target, root / "target", tokenizer=tokenizer)
+    save_model(draft, root / "draft", tokenizer=tokenizer)
+    other = train_tokenizer(corpus.read(corpus.train[10:20]), 300)
+    save_model(draft, root / "other", tokenizer=other)
+    return root

@@ -1,0 +1,184 @@
+"""Runs in its own process with 8 simulated CPU devices (XLA_FLAGS must be set before
+jax starts): sharded generation vs one device. Prints one JSON object.
+
+    python tests/sharded_run.py equality   # meshes (8,1), (4,2), (2,4) vs one device
+    python tests/sharded_run.py exactness  # the enumerated exactness test on mesh (4,2)
+    python tests/sharded_run.py batch      # the batch job on meshes vs one device
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate  # noqa: E402
+from jax_specdec.decode import speculative_program  # noqa: E402
+from jax_specdec.schedules import Heuristic  # noqa: E402
+
+MESHES = [(8, 1), (4, 2), (2, 4)]
+
+
+def equality():
+    from test_decode import make_model, ragged_prompts
+
+    target = make_model(10, vocab=32, scale=0.3, num_kv_heads=4)
+    draft = make_model(11, vocab=32, scale=0.3, num_layers=1, num_kv_heads=4)
+    prompts = ragged_prompts(8, 32, seed=1)
+    keys = jax.random.split(jax.random.key(5), 8)
+    runs = {
+        "greedy": lambda **kw: speculative_generate(
+            target,
+            draft,
+            prompts,
+            key=keys,
+            max_new_tokens=16,
+            num_draft_tokens=3,
+            sampling=SamplingConfig(0.0),
+            eos_token_id=3,
+            **kw,
+        ),
+        "sampled": lambda **kw: speculative_generate(
+            target,
+            draft,
+            prompts,
+            key=keys,
+            max_new_tokens=16,
+            num_draft_tokens=3,
+            sampling=SamplingConfig(1.0, top_k=20),
+            **kw,
+        ),
+        "heuristic": lambda **kw: speculative_generate(
+            target,
+            draft,
+            prompts,
+            key=keys,
+            max_new_tokens=16,
+            schedule=Heuristic(initial=2, max_gamma=4),
+            sampling=SamplingConfig(0.8),
+            **kw,
+        ),
+        "autoregressive": lambda **kw: autoregressive_generate(
+            target, prompts, key=keys, max_new_tokens=16, sampling=SamplingConfig(1.0), **kw
+        ),
+    }
+    result = {"devices": len(jax.devices()), "meshes": {}}
+    reference = {}
+    for name, run in runs.items():
+        start = time.perf_counter()
+        out = run()
+        reference[name] = np.asarray(out.tokens)
+        result.setdefault("one_device_seconds", {})[name] = time.perf_counter() - start
+    for shape in MESHES:
+        mesh = jax.make_mesh(shape, ("data", "model"))
+        entry = {}
+        for name, run in runs.items():
+            start = time.perf_counter()
+            out = run(mesh=mesh)
+            tokens = np.asarray(out.tokens)
+            entry[name] = bool(np.array_equal(tokens, reference[name]))
+            entry[f"{name}_seconds"] = time.perf_counter() - start
+        entry["output_sharding"] = str(out.tokens.sharding.spec)
+        program = speculative_program(
+            target, draft, prompts, key=keys, max_new_tokens=4, num_draft_tokens=2, mesh=mesh
+        )
+        state = program.args[1]
+        q = state["blocks"][0]["attn"]["q"]["kernel"][...]
+        down = state["blocks"][0]["mlp"]["down"]["kernel"][...]
+        entry["q_kernel"] = [list(q.shape), list(q.addressable_shards[0].data.shape)]
+        entry["down_kernel"] = [list(down.shape), list(down.addressable_shards[0].data.shape)]
+        entry["prompt_rows_per_device"] = program.args[4].addressable_shards[0].data.shape[0]
+        result["meshes"][str(shape)] = entry
+    # Meshes that do not fit: refused with a message, before compiling.
+    narrow = make_model(12, vocab=32, num_layers=1)  # 2 key/value heads
+    bad = {
+        "batch": (target, draft, prompts[:6], (8, 1)),
+        "heads": (target, draft, prompts, (1, 8)),
+        "kv": (target, narrow, prompts, (2, 4)),
+    }
+    result["errors"] = {}
+    for name, (t, d, p, shape) in bad.items():
+        try:
+            speculative_generate(
+                t,
+                d,
+                p,
+                key=jax.random.key(0),
+                max_new_tokens=2,
+                mesh=jax.make_mesh(shape, ("data", "model")),
+            )
+            result["errors"][name] = None
+        except ValueError as e:
+            result["errors"][name] = str(e)
+    return result
+
+
+def exactness():
+    from test_decode import (
+        PROMPTS,
+        chi_square_pvalue,
+        exact_sequence_probs,
+        make_model,
+        sample_sequences,
+    )
+
+    target = make_model(0)
+    draft = make_model(1, num_layers=1, d_model=16, num_heads=2, num_kv_heads=2, mlp_dim=32)
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    sampling = SamplingConfig(1.0)
+    seqs, stats = sample_sequences(target, draft, sampling, 2, None, seed=11, mesh=mesh)
+    pvalues = [
+        chi_square_pvalue(seqs[i::2], exact_sequence_probs(target, np.array(p), sampling, None))
+        for i, p in enumerate(PROMPTS)
+    ]
+    return {"pvalues": pvalues, "alpha": stats.alpha}
+
+
+def batch_job():
+    """`jax-specdec batch` on one device and on meshes (4,2) and (8,1): the same rows."""
+    import tempfile
+
+    from flax import nnx
+
+    from jax_specdec.cli import main
+    from jax_specdec.data import stdlib_corpus, train_tokenizer
+    from jax_specdec.hf import save_model
+    from jax_specdec.nn import Transformer, TransformerConfig
+
+    root = tempfile.mkdtemp()
+    corpus = stdlib_corpus()
+    tokenizer = train_tokenizer(corpus.read(corpus.train[:10]), 300)
+    vocab = tokenizer.get_vocab_size()
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        config = TransformerConfig.tiny(vocab_size=vocab, num_layers=layers, num_kv_heads=4)
+        model = Transformer(config, rngs=nnx.Rngs(seed), init_scale=0.3)
+        save_model(model, f"{root}/{name}", tokenizer=tokenizer)
+    prompts = ["def f(x):", "import os", "class A:", "for i in", "x = [", "if a:", "y = 1", "z"]
+    with open(f"{root}/in.jsonl", "w") as f:
+        for i in range(11):  # 11 rows: batches of 3 are padded to the data axis
+            f.write(json.dumps({"id": i, "prompt": prompts[i % len(prompts)]}) + "\n")
+    outputs = {}
+    for mesh in (None, "4x2", "8x1"):
+        out = f"{root}/out-{mesh}.jsonl"
+        argv = ["batch", "--target", f"{root}/target", "--draft", f"{root}/draft"]
+        argv += ["--input", f"{root}/in.jsonl", "--output", out, "--batch-size", "3"]
+        argv += ["--temperature", "1", "--max-new-tokens", "8"]
+        assert main(argv + ([] if mesh is None else ["--mesh", mesh])) == 0
+        rows = [json.loads(line) for line in open(out)]
+        outputs[str(mesh)] = {r["id"]: r["tokens"] for r in rows}
+    return {
+        "same": {m: outputs[m] == outputs["None"] for m in outputs},
+        "rows": len(outputs["None"]),
+    }
+
+
+if __name__ == "__main__":
+    modes = {"equality": equality, "exactness": exactness, "batch": batch_job}
+    print(json.dumps(modes[sys.argv[1]]()))

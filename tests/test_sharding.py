@@ -1,0 +1,119 @@
+"""Sharded generation on simulated CPU devices and across two processes.
+
+Each check runs in a subprocess: the device count (XLA_FLAGS) and jax.distributed must
+be set before jax starts, and the rest of the suite runs on one device.
+"""
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from jax_specdec import speculative_generate
+from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.sharding import param_spec
+
+HERE = pathlib.Path(__file__).parent
+
+
+def run_helper(*args, timeout=900):
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "sharded_run.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_meshes_give_the_one_device_tokens_and_split_the_weights():
+    result = run_helper("equality")
+    print("\nSHARDING " + json.dumps(result))
+    assert result["devices"] == 8
+    for shape, entry in result["meshes"].items():
+        data, model = eval(shape)
+        for name in ("greedy", "sampled", "heuristic", "autoregressive"):
+            assert entry[name], f"{name} differs on mesh {shape}"
+        (q_full, q_shard), (down_full, down_shard) = entry["q_kernel"], entry["down_kernel"]
+        assert q_shard == [q_full[0], q_full[1] // model]  # heads split over model
+        assert down_shard == [down_full[0] // model, down_full[1]]  # MLP rows split
+        assert entry["prompt_rows_per_device"] == 8 // data
+        assert "data" in entry["output_sharding"]
+    errors = result["errors"]
+    assert "data axis (8) does not divide the batch (6)" in errors["batch"]
+    assert "model axis (8) does not divide the target model's num_heads" in errors["heads"]
+    assert "model axis (4) does not divide the draft model's num_kv_heads (2)" in errors["kv"]
+
+
+def test_batch_job_rows_do_not_depend_on_the_mesh():
+    result = run_helper("batch")
+    assert result["rows"] == 11
+    assert result["same"] == {"None": True, "4x2": True, "8x1": True}
+
+
+@pytest.mark.slow
+def test_enumerated_exactness_on_a_sharded_mesh():
+    result = run_helper("exactness")
+    print(f"\nSHARDED-EXACTNESS mesh (4,2): {result}")
+    assert min(result["pvalues"]) > 1e-3
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    script = str(HERE / "multihost_run.py")
+    reference = tmp_path / "reference.json"
+    subprocess.run(
+        [sys.executable, script, "reference", "-", "-", str(reference)], check=True, timeout=600
+    )
+    port, out = str(free_port()), tmp_path / "multi.json"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(i), "2", port, str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    multi, ref = json.loads(out.read_text()), json.loads(reference.read_text())
+    assert multi["process_count"] == 2 and multi["global_devices"] == 8
+    assert multi["local_devices"] == 4
+    assert multi["greedy"] == ref["greedy"]
+    assert multi["sampled"] == ref["sampled"]
+
+
+def test_param_specs():
+    from jax.sharding import PartitionSpec as P
+
+    assert param_spec(("blocks", 0, "attn", "q", "kernel")) == P(None, "model")
+    assert param_spec(("blocks", 0, "attn", "k", "bias")) == P("model")
+    assert param_spec(("blocks", 3, "attn", "o", "kernel")) == P("model", None)
+    assert param_spec(("blocks", 0, "mlp", "down", "kernel")) == P("model", None)
+    assert param_spec(("blocks", 0, "mlp", "gate", "kernel")) == P(None, "model")
+    assert param_spec(("embed",)) == P() and param_spec(("final_norm", "scale")) == P()
+
+
+def test_bad_meshes_are_refused_before_compiling():
+    model = Transformer(TransformerConfig.tiny(), rngs=nnx.Rngs(0))
+    one = np.array(jax.devices()[:1]).reshape(1, 1)
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=2)
+    with pytest.raises(ValueError, match="axes named 'data' and 'model'"):
+        speculative_generate(model, model, [[1]], mesh=Mesh(one, ("rows", "model")), **kwargs)
+    with pytest.raises(TypeError, match="jax.sharding.Mesh"):
+        speculative_generate(model, model, [[1]], mesh="8x1", **kwargs)
