@@ -305,8 +305,8 @@ def _cmd_sweep(args, parser) -> int:
             raise ValueError(f"--temperatures must be >= 0, got {args.temperatures}")
         if not 0.0 <= args.threshold <= 1.0:
             raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
-        if args.max_new_tokens < 1 or args.repeats < 1:
-            raise ValueError("--max-new-tokens and --repeats must be >= 1")
+        if args.max_new_tokens < 1 or args.repeats < 1 or args.min_rows < 1:
+            raise ValueError("--max-new-tokens, --repeats and --min-rows must be >= 1")
         prompts = _read_prompts(args.prompts)
         try:
             import matplotlib  # noqa: F401
@@ -332,6 +332,7 @@ def _cmd_sweep(args, parser) -> int:
         threshold=args.threshold,
         repeats=args.repeats,
         seed=args.seed,
+        min_rows=args.min_rows,
     )
     results["models"] = {"target": str(args.target), "draft": str(args.draft)}
     paths = write_report(results, pathlib.Path(args.out))
@@ -403,25 +404,18 @@ def _cmd_batch(args, parser) -> int:
             extra = -rows % data
             prompts = prompts + [prompts[-1]] * extra
             keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
-        # Prompts padded to a multiple of 16 so buckets of similar lengths share a program.
-        width = -(-max(len(p) for p in prompts) // 16) * 16
-        padded = np.zeros((len(prompts), width), np.int32)
-        for b, p in enumerate(prompts):
-            padded[b, : len(p)] = p
-        lengths = np.array([len(p) for p in prompts], np.int32)
         common = dict(
             key=keys,
             max_new_tokens=max_new_tokens,
             sampling=row_sampling,
             eos_token_id=eos,
-            prompt_lengths=lengths,
             mesh=mesh,
         )
         if args.autoregressive:
-            out = autoregressive_generate(target, padded, **common)
+            out = autoregressive_generate(target, prompts, **common)
         else:
             out = speculative_generate(
-                target, draft, padded, num_draft_tokens=args.num_draft_tokens, **common
+                target, draft, prompts, num_draft_tokens=args.num_draft_tokens, **common
             )
         return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == len(prompts) else a, out)
 
@@ -518,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--threshold", type=float, default=0.4, help="confidence threshold τ")
     sw.add_argument("--max-new-tokens", type=int, default=64)
     sw.add_argument("--repeats", type=int, default=3)
+    sw.add_argument(
+        "--min-rows", type=int, default=8, help="small batches run on several prompt groups"
+    )
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="docs/sweep", help="output directory")
     sw.set_defaults(handler=_cmd_sweep, parser=sw)

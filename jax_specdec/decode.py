@@ -858,7 +858,7 @@ def _bind(target, draft, prompts, prompt_lengths, keys, **static):
     if mesh is None:
         prompts, prompt_lengths = jnp.asarray(prompts), jnp.asarray(prompt_lengths)
     else:
-        check_mesh(
+        mesh = static["mesh"] = check_mesh(
             mesh,
             [("target", target.config)] + ([] if draft is None else [("draft", draft.config)]),
             batch=prompts.shape[0],
@@ -883,7 +883,12 @@ def _bind(target, draft, prompts, prompt_lengths, keys, **static):
 
 
 def _checked(out: GenerationOutput) -> GenerationOutput:
-    bad = np.asarray(out.stats.nonfinite)
+    bad = out.stats.nonfinite
+    if not bad.is_fully_addressable:  # several processes: every one gets the whole flag
+        from jax.experimental import multihost_utils
+
+        bad = multihost_utils.process_allgather(bad, tiled=True)
+    bad = np.asarray(bad)
     if bad.any():
         warnings.warn(
             f"NaN/inf logits met in rows {np.flatnonzero(bad).tolist()}; their tokens are "

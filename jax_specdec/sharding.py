@@ -62,12 +62,19 @@ def check_mesh(mesh, configs, batch: int | None = None) -> Mesh:
                     f"the mesh's model axis ({model}) does not divide the {name} model's "
                     f"{what} ({size})"
                 )
+    # The program places its arrays with sharding constraints, which need Auto axes
+    # (jax.make_mesh makes Explicit ones by default): the same devices, Auto axes.
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    if tuple(getattr(mesh, "axis_types", auto)) != auto:
+        mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
     return mesh
 
 
 def param_spec(path: tuple) -> P:
     """The PartitionSpec of one parameter, from its path in `nnx.state(model)`."""
     names = [str(p) for p in path]
+    if names and names[-1] == "value":  # an nnx.Variable's own pytree key
+        names = names[:-1]
     leaf, parent = names[-1], names[-2] if len(names) > 1 else ""
     if parent in _COLUMNS:
         return P(None, MODEL) if leaf == "kernel" else P(MODEL)
