@@ -36,6 +36,7 @@ __all__ = [
     "JobError",
     "JobRow",
     "derive_seed",
+    "make_generate",
     "plan_batches",
     "read_rows",
     "run_job",
@@ -234,6 +235,39 @@ def _check_job(output: pathlib.Path, job: dict) -> None:
         raise JobError(f"{output} exists but has no {meta.name}: not an output of this tool")
     else:
         meta.write_text(json.dumps(job, indent=1) + "\n")
+
+
+def make_generate(target, draft, *, eos_token_id, num_draft_tokens: int = 4, mesh=None):
+    """The `generate` of `run_job`: speculative decoding with `draft`, or autoregressive
+    decoding of `target` when draft is None; on `mesh` if given (a batch is padded to a
+    multiple of its data axis with copies of its last row, whose outputs are dropped)."""
+    import jax
+
+    from jax_specdec.decode import autoregressive_generate, speculative_generate
+
+    def generate(prompts, keys, sampling, max_new_tokens):
+        rows = len(prompts)
+        if mesh is not None:
+            extra = -rows % mesh.shape["data"]
+            prompts = prompts + [prompts[-1]] * extra
+            keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
+        common = dict(
+            key=keys,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_token_id=eos_token_id,
+            mesh=mesh,
+        )
+        if draft is None:
+            out = autoregressive_generate(target, prompts, **common)
+        else:
+            out = speculative_generate(
+                target, draft, prompts, num_draft_tokens=num_draft_tokens, **common
+            )
+        width = len(prompts)
+        return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == width else a, out)
+
+    return generate
 
 
 def run_job(

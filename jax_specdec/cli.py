@@ -345,7 +345,7 @@ def _cmd_batch(args, parser) -> int:
     import json
     import pathlib
 
-    from jax_specdec.batch import JobError, model_identity, read_rows, run_job
+    from jax_specdec.batch import JobError, make_generate, model_identity, read_rows, run_job
 
     try:
         if args.batch_size < 1:
@@ -379,9 +379,6 @@ def _cmd_batch(args, parser) -> int:
         print(f"skipped {len(errors)} bad line(s), listed in {errors_path}", file=sys.stderr)
 
     import jax
-    import numpy as np
-
-    from jax_specdec.decode import autoregressive_generate, speculative_generate
 
     mesh = None
     if args.mesh is not None:
@@ -397,27 +394,13 @@ def _cmd_batch(args, parser) -> int:
                 ),
             )
 
-    def generate(prompts, keys, row_sampling, max_new_tokens):
-        rows = len(prompts)
-        if mesh is not None:  # whole rows per data shard: repeat the last row, drop it after
-            data = mesh.shape["data"]
-            extra = -rows % data
-            prompts = prompts + [prompts[-1]] * extra
-            keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
-        common = dict(
-            key=keys,
-            max_new_tokens=max_new_tokens,
-            sampling=row_sampling,
-            eos_token_id=eos,
-            mesh=mesh,
-        )
-        if args.autoregressive:
-            out = autoregressive_generate(target, prompts, **common)
-        else:
-            out = speculative_generate(
-                target, draft, prompts, num_draft_tokens=args.num_draft_tokens, **common
-            )
-        return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == len(prompts) else a, out)
+    generate = make_generate(
+        target,
+        None if args.autoregressive else draft,
+        eos_token_id=eos,
+        num_draft_tokens=args.num_draft_tokens,
+        mesh=mesh,
+    )
 
     job = {
         "mode": "autoregressive" if args.autoregressive else "speculative",

@@ -1,0 +1,76 @@
+"""Throughput of the batch job on the shipped pair: speculative vs autoregressive at
+several batch sizes, each measured after a warm-up pass that compiles its programs.
+
+    python scripts/batch_bench.py [--rows 64] [--batches 8,32,64] [--max-new-tokens 64]
+
+Writes docs/batch_bench.json and prints a markdown table.
+"""
+
+import argparse
+import json
+import pathlib
+import tempfile
+
+from jax_specdec.batch import make_generate, read_rows, run_job
+from jax_specdec.cli import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, _read_prompts
+from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.sampling import SamplingConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--batches", default="8,32,64")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--out", default="docs/batch_bench.json")
+    args = parser.parse_args()
+    target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)
+    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    prompts = _read_prompts(DEFAULT_PROMPTS)
+    work = pathlib.Path(tempfile.mkdtemp())
+    inp = work / "in.jsonl"
+    inp.write_text(
+        "".join(
+            json.dumps({"id": i, "prompt": prompts[i % len(prompts)]}) + "\n"
+            for i in range(args.rows)
+        )
+    )
+    sampling = SamplingConfig(args.temperature)
+    rows, _ = read_rows(
+        inp,
+        tokenizer=tokenizer,
+        vocab_size=target.config.vocab_size,
+        job_seed=0,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+    )
+    results = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for mode, d in (("speculative", draft), ("autoregressive", None)):
+            generate = make_generate(target, d, eos_token_id=None, num_draft_tokens=4)
+            job = {"mode": mode, "batch": batch}
+            for attempt in ("warm-up", "measured"):
+                out = work / f"{mode}-{batch}-{attempt}.jsonl"
+                summary = run_job(
+                    rows, out, generate=generate, job=job, batch_size=batch, progress=False
+                )
+            results.append({"batch": batch, "mode": mode, **summary})
+            print(batch, mode, f"{summary['tokens_per_second']:.0f} tokens/s", flush=True)
+    pathlib.Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print("| batch | speculative tokens/s | autoregressive tokens/s | ratio | α |")
+    print("|---|---|---|---|---|")
+    for batch in sorted({r["batch"] for r in results}):
+        spec, ar = (
+            next(r for r in results if r["batch"] == batch and r["mode"] == m)
+            for m in ("speculative", "autoregressive")
+        )
+        print(
+            f"| {batch} | {spec['tokens_per_second']:.0f} | {ar['tokens_per_second']:.0f} "
+            f"| {spec['tokens_per_second'] / ar['tokens_per_second']:.2f} "
+            f"| {spec['alpha']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
