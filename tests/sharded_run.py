@@ -96,6 +96,31 @@ def equality():
         entry["down_kernel"] = [list(down.shape), list(down.addressable_shards[0].data.shape)]
         entry["prompt_rows_per_device"] = program.args[4].addressable_shards[0].data.shape[0]
         result["meshes"][str(shape)] = entry
+    # A checkpoint restored by orbax straight into the (4, 2) layout.
+    import tempfile
+
+    from jax_specdec.checkpoint import restore_checkpoint, save_checkpoint
+    from jax_specdec.sharding import param_sharding
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    directory = save_checkpoint(target, tempfile.mkdtemp() + "/target")
+    restored = restore_checkpoint(directory, sharding=param_sharding(mesh))
+    q = restored.blocks[0].attn.q.kernel[...]
+    out = speculative_generate(
+        restored,
+        draft,
+        prompts,
+        key=keys,
+        max_new_tokens=16,
+        num_draft_tokens=3,
+        sampling=SamplingConfig(0.0),
+        eos_token_id=3,
+        mesh=mesh,
+    )
+    result["restored"] = {
+        "q_kernel": [list(q.shape), list(q.addressable_shards[0].data.shape)],
+        "greedy": bool(np.array_equal(np.asarray(out.tokens), reference["greedy"])),
+    }
     # Meshes that do not fit: refused with a message, before compiling.
     narrow = make_model(12, vocab=32, num_layers=1)  # 2 key/value heads
     bad = {

@@ -47,6 +47,9 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights():
         assert down_shard == [down_full[0] // model, down_full[1]]  # MLP rows split
         assert entry["prompt_rows_per_device"] == 8 // data
         assert "data" in entry["output_sharding"]
+    restored = result["restored"]  # orbax restore straight into the (4, 2) layout
+    assert restored["q_kernel"][1] == [restored["q_kernel"][0][0], restored["q_kernel"][0][1] // 2]
+    assert restored["greedy"]
     errors = result["errors"]
     assert "data axis (8) does not divide the batch (6)" in errors["batch"]
     assert "model axis (8) does not divide the target model's num_heads" in errors["heads"]
