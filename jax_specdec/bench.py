@@ -11,7 +11,7 @@ import dataclasses
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,8 @@ __all__ = [
     "Timing",
     "time_call",
     "time_generation",
+    "time_interleaved",
+    "time_generations",
     "expected_tokens_per_round",
     "predicted_speedup",
     "decode_step_time",
@@ -57,6 +59,29 @@ def time_call(fn: Callable[[], object], repeats: int = 5) -> Timing:
         jax.block_until_ready(fn())
         runs.append(time.perf_counter() - start)
     return Timing(first, statistics.median(runs), tuple(runs))
+
+
+def time_interleaved(fns: Sequence[Callable[[], object]], repeats: int = 5) -> list[Timing]:
+    """Times several calls against each other: each once cold, then `repeats` passes
+    that run every call once (each pass starting one call later), so that a slow spell
+    of a shared machine falls on all of them alike. One Timing per call."""
+    if not fns:
+        raise ValueError("fns is empty")
+    firsts, runs = [], [[] for _ in fns]
+    for fn in fns:
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        firsts.append(time.perf_counter() - start)
+    for r in range(repeats):
+        for i in range(len(fns)):
+            j = (i + r) % len(fns)
+            start = time.perf_counter()
+            jax.block_until_ready(fns[j]())
+            runs[j].append(time.perf_counter() - start)
+    return [
+        Timing(first, statistics.median(rs), tuple(rs))
+        for first, rs in zip(firsts, runs, strict=True)
+    ]
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -191,44 +216,70 @@ def calibrate_round_costs(
     prompts,
     *,
     max_gamma: int,
-    max_new_tokens: int = 32,
-    repeats: int = 3,
-    prior_alpha: float = 0.6,
+    prompt_lengths=None,
+    sampling=None,
+    max_new_tokens: int = 48,
+    repeats: int = 5,
+    prior_alpha: float | None = None,
 ):
     """A `schedules.CostModel` from whole rounds timed inside the compiled loop: the
     autoregressive program (γ = 0) and constant-γ programs for γ = 1 … max_gamma on
-    `prompts`, greedy, each minus its prefill (a 1-token run), per round. Unlike
-    `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping."""
+    `prompts` with `sampling` (default greedy), each minus its prefill (a 1-token run),
+    per round. All 2 (max_gamma + 1) programs are timed interleaved (`time_interleaved`).
+    Unlike `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping.
+
+    `prior_alpha` None: the α those constant-γ runs measured (the model's starting
+    belief; it only learns α from rounds that draft, so a wrong prior that picks γ = 0
+    would never be corrected).
+    """
     from jax_specdec.decode import autoregressive_program, speculative_program
     from jax_specdec.sampling import SamplingConfig
     from jax_specdec.schedules import CostModel
 
-    common = dict(key=jax.random.key(0), sampling=SamplingConfig(0.0))
+    sampling = SamplingConfig(0.0) if sampling is None else sampling
+    common = dict(key=jax.random.key(0), sampling=sampling, prompt_lengths=prompt_lengths)
 
-    def per_round(make):
-        prefill, _ = time_generation(make(1), repeats)
-        timing, out = time_generation(make(max_new_tokens), repeats)
-        jax.clear_caches()
-        rounds = int(out.stats.target_calls) - 1
-        return max(timing.median - prefill.median, 1e-9) / rounds
-
-    costs = [
-        per_round(lambda n: autoregressive_program(target, prompts, max_new_tokens=n, **common))
-    ]
-    for gamma in range(1, max_gamma + 1):
-        costs.append(
-            per_round(
-                lambda n, g=gamma: speculative_program(
-                    target, draft, prompts, max_new_tokens=n, num_draft_tokens=g, **common
-                )
-            )
+    def make(gamma, n):
+        if gamma == 0:
+            return autoregressive_program(target, prompts, max_new_tokens=n, **common)
+        return speculative_program(
+            target, draft, prompts, max_new_tokens=n, num_draft_tokens=gamma, **common
         )
+
+    programs = [make(g, n) for g in range(max_gamma + 1) for n in (1, max_new_tokens)]
+    timings, outputs = time_generations(programs, repeats)
+    jax.clear_caches()
+    costs, accepted, rejected = [], 0, 0
+    for g in range(max_gamma + 1):
+        prefill, full = timings[2 * g], timings[2 * g + 1]
+        stats = outputs[2 * g + 1].stats
+        costs.append(max(full.median - prefill.median, 1e-9) / (int(stats.target_calls) - 1))
+        if g > 0:
+            accepted += int(stats.accepted.sum())
+            rejected += int(stats.rejected.sum())
+    if prior_alpha is None:  # as `GenerationStats.alpha`, over all γ
+        prior_alpha = min(max(accepted / max(accepted + rejected, 1), 0.01), 0.99)
     return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)
 
 
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far, in MiB (Linux ru_maxrss is KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def time_generations(programs, repeats):
+    """Bound generation programs timed against each other (`time_interleaved`);
+    returns (Timings, the last GenerationOutput of each)."""
+    outputs = [None] * len(programs)
+
+    def call(i):
+        def run():
+            outputs[i] = programs[i]()
+            return outputs[i].tokens
+
+        return run
+
+    return time_interleaved([call(i) for i in range(len(programs))], repeats), outputs
 
 
 def time_generation(program, repeats):

@@ -334,8 +334,11 @@ def _init_state(
         draft_cache = init(draft.config)
         if prefill_draft:
             _, draft_cache = _prefill(draft, draft_cache, prompts, prompt_lengths)
-    first = sample(
-        jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), probs_from_logits(logits, sampling)
+    first = _choose(
+        jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys),
+        logits,
+        probs_from_logits(logits, sampling),
+        sampling,
     )
     tokens = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(prompts)
     zeros = jnp.zeros((batch,), jnp.int32)
@@ -374,14 +377,27 @@ def _init_state(
 
 class _Noise(NamedTuple):
     """One round's randomness for each row, drawn at the widest γ so that a row's noise
-    does not depend on how wide its batch's round is."""
+    does not depend on how wide its batch's round is.
 
-    draft_keys: jax.Array  # [B, γ_max] one key per draft step
+    Under greedy decoding (temperature 0) nothing is drawn: p and q are one-hot, so
+    zero uniforms accept exactly the drafts equal to the target's argmax, and zero
+    Gumbels pick the argmax of the one-hot residual or bonus. The same shapes, all
+    zeros, keep one code path.
+    """
+
+    draft_keys: jax.Array  # [B, γ_max] one key per draft step (zeros [B, γ_max] if greedy)
     uniforms: jax.Array  # [B, γ_max] acceptance tests
     gumbels: jax.Array  # [B, V] the correction / bonus draw
 
 
-def _round_noise(keys, round_index, gamma_max, vocab_size) -> _Noise:
+def _round_noise(keys, round_index, gamma_max, vocab_size, sampling) -> _Noise:
+    batch = keys.shape[0]
+    if sampling.greedy:
+        return _Noise(
+            jnp.zeros((batch, gamma_max), jnp.int32),
+            jnp.zeros((batch, gamma_max), jnp.float32),
+            jnp.zeros((batch, vocab_size), jnp.float32),
+        )
     round_keys = jax.vmap(lambda k: jax.random.fold_in(k, round_index))(keys)
     split = jax.vmap(jax.random.split)(round_keys)  # [B, 2]: draft, acceptance
 
@@ -395,6 +411,14 @@ def _round_noise(keys, round_index, gamma_max, vocab_size) -> _Noise:
     uniforms, gumbels = jax.vmap(accept_noise)(split[:, 1])
     draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma_max))(split[:, 0])
     return _Noise(draft_keys, uniforms, gumbels)
+
+
+def _choose(keys, logits, probs, sampling):
+    """A token per row: the argmax under greedy decoding (keys unused), else a draw
+    from probs [B, V] with keys [B]."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return sample(keys, probs)
 
 
 def _schedule_stats(state, prompt_lengths) -> ScheduleStats:
@@ -421,7 +445,7 @@ def _draft_step(draft, sampling, vocab_size):
         logits, keys, values = draft.decode_entries(inputs, cache, recent)
         logits = logits[:, -1, :vocab_size]
         q = probs_from_logits(logits, sampling)  # [B, V]
-        x = sample(key, q)
+        x = _choose(key, logits, q, sampling)
         conf = q if sampling.temperature > 0 else jax.nn.softmax(logits, axis=-1)
         conf = jnp.take_along_axis(conf, x[:, None], axis=1)[:, 0]
         return x, q, (keys, values), _nonfinite(logits), conf
@@ -619,7 +643,7 @@ def _speculative_round(
     of a conditional would be copied every round).
     """
     gamma_max = schedule.max_gamma
-    noise = _round_noise(keys, state.round + 1, gamma_max, vocab_size)
+    noise = _round_noise(keys, state.round + 1, gamma_max, vocab_size, sampling)
     active = ~state.done
     gammas = jnp.where(active, schedule(_schedule_stats(state, prompt_lengths)), 0)
     lengths = state.lengths
@@ -741,7 +765,7 @@ def _autoregressive_step(
     cache = state.target_cache.replace(lengths=state.lengths - 1)
     logits, cache = target.decode(pending, cache)
     logits = logits[:, 0, :vocab_size]
-    token = sample(round_keys, probs_from_logits(logits, sampling))
+    token = _choose(round_keys, logits, probs_from_logits(logits, sampling), sampling)
     active = ~state.done
     state, _ = _emit(
         state.replace(target_cache=cache),

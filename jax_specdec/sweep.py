@@ -1,10 +1,11 @@
 """The schedule sweep: draft-length schedules × γ × temperature × batch on one pair.
 
-For every batch size it calibrates a `CostModel` from whole rounds timed in the loop
-(γ = 0 … max_gamma, greedy, on the batch's prompts), then for every temperature times
-the autoregressive baseline and each schedule as one compiled program (medians of
-`repeats` runs, compilation apart): constant γ for each γ in the grid, the
-heuristic, the confidence threshold, the cost model and the n-gram proposer. It
+For every batch size and temperature it calibrates a `CostModel` from whole rounds
+timed in the loop (γ = 0 … max_gamma on the batch's first prompt group), then times
+the autoregressive baseline and each schedule, one compiled program each, interleaved
+pass by pass (medians of `repeats` runs, compilation apart): constant γ for each γ in
+the grid, the heuristic, the confidence threshold, the cost model and the n-gram
+proposer. It
 also times a dynamic schedule that always asks for γ = 2 against constant γ = 2
 (greedy, so both emit the same tokens in the same rounds): the price of choosing γ
 inside the program.
@@ -26,7 +27,7 @@ from jax_specdec.bench import (
     calibrate_costs,
     calibrate_round_costs,
     expected_tokens_per_round,
-    time_generation,
+    time_generations,
 )
 from jax_specdec.decode import GenerationStats, autoregressive_program, speculative_program
 from jax_specdec.nn import Transformer
@@ -57,22 +58,43 @@ def _groups(prompts, batch, min_rows):
 
 
 class _Run:
-    """Several calls of one compiled program (one per prompt group), timed as a sum of
-    medians; stats merged over the groups."""
+    """One schedule's calls (one per prompt group): time as a sum of medians, stats
+    merged over the groups."""
 
-    def __init__(self, make, groups, repeats):
-        timings, outs = [], []
-        for array, lengths in groups:
-            timing, out = time_generation(make(array, lengths), repeats)
-            timings.append(timing)
-            outs.append(out)
+    def __init__(self, timings, outs):
         self.seconds = sum(t.median for t in timings)
         self.compile = timings[0].compile
         self.stats = GenerationStats.merge([o.stats for o in outs])
         self.stats = self.stats.replace(target_calls=sum(int(o.stats.target_calls) for o in outs))
         self.lengths = np.concatenate([np.asarray(o.lengths) for o in outs])
         self.tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
-        self.rounds = int(self.stats.target_calls) - len(groups)  # prefills not counted
+        self.rounds = int(self.stats.target_calls) - len(outs)  # prefills not counted
+
+
+def _binder(target, proposer, schedule, common):
+    """`(prompts, lengths) -> program`: autoregressive if proposer is None, else
+    speculative with that draft model or proposer and schedule."""
+    if proposer is None:
+        return lambda a, n: autoregressive_program(target, a, prompt_lengths=n, **common)
+    return lambda a, n: speculative_program(
+        target, proposer, a, prompt_lengths=n, schedule=schedule, **common
+    )
+
+
+def _run_interleaved(makes, groups, repeats) -> list[_Run]:
+    """Each `make(prompts, lengths)` bound to every prompt group, all timed interleaved
+    (`time_interleaved`), so a slow spell of the machine hits every schedule alike and
+    the speedups, ratios within one pass, stay honest. One `_Run` per make."""
+    programs = [make(array, lengths) for make in makes for array, lengths in groups]
+    timings, outputs = time_generations(programs, repeats)
+    n = len(groups)
+    runs = [
+        _Run(timings[i * n : (i + 1) * n], outputs[i * n : (i + 1) * n]) for i in range(len(makes))
+    ]
+    # Each program holds its compiled code; XLA:CPU maps memory for every kernel, and a
+    # grid of dozens of programs exhausts the process's maps.
+    jax.clear_caches()
+    return runs
 
 
 def _schedules(gammas, max_gamma, threshold, cost_model):
@@ -116,8 +138,9 @@ def run_sweep(
         raise ValueError("prompts is empty")
     if max(gammas) > max_gamma:
         raise ValueError(f"gammas ({max(gammas)}) exceed max_gamma ({max_gamma})")
-    n_schedules = len(gammas) + 4
-    total = len(batches) * (len(temperatures) * (n_schedules + 1) + 2)
+    # Steps per batch: the parts, then per temperature the round calibration and the
+    # interleaved schedules, then the γ = 2 switch check.
+    total = len(batches) * (2 * len(temperatures) + 2)
     bar = tqdm(total=total, desc="sweep", disable=not progress)
     results = {
         "target": dataclasses.asdict(target.config),
@@ -140,21 +163,11 @@ def run_sweep(
     }
     for batch in batches:
         groups = _groups(prompts, batch, min_rows)
-        rows = [prompts[i % len(prompts)] for i in range(batch)]
-        context = max(len(r) for r in rows) + max_new_tokens // 2
+        array, lengths = groups[0]
+        context = int(lengths.max()) + max_new_tokens // 2
         bar.set_postfix(batch=batch, step="calibrate")
         parts = calibrate_costs(
             target, draft, batch=batch, context=context, max_gamma=max_gamma, repeats=repeats
-        )
-        # The cost model runs on whole rounds measured in the loop; the standalone
-        # parts are kept for comparison.
-        cost = calibrate_round_costs(
-            target,
-            draft,
-            rows,
-            max_gamma=max_gamma,
-            max_new_tokens=max_new_tokens // 2,
-            repeats=repeats,
         )
         results["costs"].append(
             {
@@ -162,33 +175,42 @@ def run_sweep(
                 "context": context,
                 "draft_step_ms": 1e3 * parts.draft_cost,
                 "verify_ms": [1e3 * c for c in parts.verify_costs],
-                "round_ms": [1e3 * c for c in cost.verify_costs],
             }
         )
-        round_cost = np.asarray(cost.costs())
-        jax.clear_caches()
+        bar.update()
         key = jax.random.key(seed)
         for temperature in temperatures:
             sampling = SamplingConfig(temperature)
-            common = dict(key=key, max_new_tokens=max_new_tokens, sampling=sampling)
-            bar.set_postfix(batch=batch, t=temperature, schedule="autoregressive")
-            ar = _Run(
-                lambda a, n, c=common: autoregressive_program(target, a, prompt_lengths=n, **c),
-                groups,
-                repeats,
+            # The cost model runs on whole rounds measured in the loop at this batch and
+            # temperature; the standalone parts above are kept for comparison.
+            bar.set_postfix(batch=batch, t=temperature, step="calibrate rounds")
+            cost = calibrate_round_costs(
+                target,
+                draft,
+                array,
+                prompt_lengths=lengths,
+                sampling=sampling,
+                max_gamma=max_gamma,
+                max_new_tokens=max_new_tokens,
+                repeats=repeats,
             )
-            ar_rounds = ar.rounds
+            results["costs"][-1][f"round_ms_t{temperature:g}"] = [
+                1e3 * c for c in cost.verify_costs
+            ]
+            results["costs"][-1][f"prior_alpha_t{temperature:g}"] = cost.prior_alpha
+            round_cost = np.asarray(cost.costs())
             bar.update()
-            for name, gamma, ngram, schedule in _schedules(gammas, max_gamma, threshold, cost):
-                bar.set_postfix(batch=batch, t=temperature, schedule=name, gamma=gamma)
-                proposer = NGram() if ngram else draft
-                out = _Run(
-                    lambda a, n, p=proposer, sc=schedule, c=common: speculative_program(
-                        target, p, a, prompt_lengths=n, schedule=sc, **c
-                    ),
-                    groups,
-                    repeats,
-                )
+            common = dict(key=key, max_new_tokens=max_new_tokens, sampling=sampling)
+            settings = _schedules(gammas, max_gamma, threshold, cost)
+            makes = [_binder(target, None, None, common)]
+            makes += [
+                _binder(target, NGram() if ngram else draft, schedule, common)
+                for _, _, ngram, schedule in settings
+            ]
+            bar.set_postfix(batch=batch, t=temperature, step="schedules")
+            ar, *outs = _run_interleaved(makes, groups, repeats)
+            ar_rounds = ar.rounds
+            for (name, gamma, ngram, _), out in zip(settings, outs, strict=True):
                 s = out.stats
                 widths = np.asarray(s.gamma_rounds)
                 # Predicted from the calibrated costs and the rounds this run made
@@ -221,11 +243,6 @@ def run_sweep(
                         / float(round_cost[gamma])
                     )
                 results["rows"].append(row)
-                bar.update()
-                # Each program holds its compiled code; XLA:CPU maps memory for every
-                # kernel, and a grid of dozens of programs exhausts the process's maps.
-                del out
-                jax.clear_caches()
             results["rows"].append(
                 {
                     "batch": batch,
@@ -237,32 +254,27 @@ def run_sweep(
                     "speedup": 1.0,
                 }
             )
+            bar.update()
         # The price of a dynamic γ: always 2, chosen inside the program, vs constant 2.
         greedy = dict(key=key, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0))
-        timings = {}
-        for name, schedule in (
-            ("constant", Constant(2)),
-            ("dynamic", Custom(_always_two, max_gamma=max_gamma)),
-        ):
-            bar.set_postfix(batch=batch, step=f"switch {name}")
-            out = _Run(
-                lambda a, n, sc=schedule, c=greedy: speculative_program(
-                    target, draft, a, prompt_lengths=n, schedule=sc, **c
-                ),
-                groups,
-                repeats,
-            )
-            timings[name] = (out.seconds, out.rounds)
-            bar.update()
-            jax.clear_caches()
-        (c_sec, c_rounds), (d_sec, d_rounds) = timings["constant"], timings["dynamic"]
+        bar.set_postfix(batch=batch, step="switch")
+        constant, dynamic = _run_interleaved(
+            [
+                _binder(target, draft, schedule, greedy)
+                for schedule in (Constant(2), Custom(_always_two, max_gamma=max_gamma))
+            ],
+            groups,
+            repeats,
+        )
+        bar.update()
         results["switch"].append(
             {
                 "batch": batch,
-                "constant_seconds": c_sec,
-                "dynamic_seconds": d_sec,
-                "rounds": [c_rounds, d_rounds],
-                "dynamic_over_constant": (d_sec / d_rounds) / (c_sec / c_rounds),
+                "constant_seconds": constant.seconds,
+                "dynamic_seconds": dynamic.seconds,
+                "rounds": [constant.rounds, dynamic.rounds],
+                "dynamic_over_constant": (dynamic.seconds / dynamic.rounds)
+                / (constant.seconds / constant.rounds),
             }
         )
     bar.close()

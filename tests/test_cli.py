@@ -110,7 +110,11 @@ def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
     greedy = [r for r in rows if r["temperature"] == 0 and r["schedule"] != "autoregressive"]
     assert all(r["same_tokens_as_autoregressive"] for r in greedy)
     assert len(results["switch"]) == 1 and results["switch"][0]["rounds"][0] > 0
-    assert len(results["costs"][0]["verify_ms"]) == 3
+    costs = results["costs"][0]
+    assert len(costs["verify_ms"]) == 3
+    # Rounds calibrated per temperature, γ = 0 … 2, all positive.
+    assert all(len(costs[f"round_ms_t{t}"]) == 3 for t in (0, 1))
+    assert min(costs["round_ms_t0"] + costs["round_ms_t1"]) > 0
     for name in [
         "acceptance_per_position.png",
         "tokens_per_round.png",

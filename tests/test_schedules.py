@@ -286,3 +286,36 @@ def test_bad_schedule_arguments(target, draft):
         speculative_generate(target, NGram(), [[1]], schedule=Confidence(), **kwargs)
     with pytest.raises(TypeError, match="proposer such as"):
         speculative_generate(target, "ngram", [[1]], **kwargs)
+
+
+def test_time_interleaved_rotates_passes():
+    from jax_specdec.bench import time_interleaved
+
+    order = []
+    fns = [lambda i=i: (order.append(i), jnp.zeros(()))[1] for i in range(3)]
+    timings = time_interleaved(fns, repeats=3)
+    # One cold call each, then passes starting one call later each time.
+    assert order == [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert [len(t.runs) for t in timings] == [3, 3, 3]
+    assert all(t.median == float(np.median(t.runs)) for t in timings)
+    with pytest.raises(ValueError, match="fns"):
+        time_interleaved([])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_round_calibration_gives_a_cost_model(target, draft, temperature):
+    from jax_specdec.bench import calibrate_round_costs
+
+    cost = calibrate_round_costs(
+        target,
+        draft,
+        ragged_prompts(3, VOCAB),
+        sampling=SamplingConfig(temperature),
+        max_gamma=2,
+        max_new_tokens=6,
+        repeats=1,
+    )
+    assert isinstance(cost, CostModel) and cost.max_gamma == 2
+    assert cost.draft_cost == 0 and all(c > 0 for c in cost.verify_costs)
+    # The prior is the α the calibration runs measured (random models: low, not 0.6).
+    assert 0.01 <= cost.prior_alpha <= 0.99 and cost.prior_alpha != 0.6
