@@ -60,6 +60,10 @@ def _speed(target, draft, prompts, sampling):
     return ar_t, list(zip(spec_t, alpha, tokens / np.maximum(rounds, 1), strict=True))
 
 
+def _layers(n: int) -> str:
+    return f"{n} layer" + "s" * (n > 1)
+
+
 def main() -> int:
     target_dir, draft_dir = MODELS / "stdlib-target", MODELS / "stdlib-draft"
     target, draft = load_model(target_dir), load_model(draft_dir)
@@ -165,7 +169,7 @@ def main() -> int:
             "stdlib-draft",
             d_info,
             f"Llama-style draft, {d_info['parameters']:,} parameters "
-            f"(d={d_info['config']['d_model']}, {d_info['config']['num_layers']} layer), "
+            f"(d={d_info['config']['d_model']}, {_layers(d_info['config']['num_layers'])}), "
             f"{target_step / draft_step:.0f}x cheaper per decode step than the target.",
             f"Pre-trained {pre['train']['steps']} steps ({pre['tokens_seen']:,} tokens, "
             f"{pre['train_seconds_total'] / 60:.0f} min, validation loss "
