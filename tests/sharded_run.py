@@ -33,9 +33,10 @@ def equality():
     draft = make_model(11, vocab=32, scale=0.3, num_layers=1, num_kv_heads=4)
     prompts = ragged_prompts(8, 32, seed=1)
     keys = jax.random.split(jax.random.key(5), 8)
-    runs = {
-        "greedy": lambda **kw: speculative_generate(
-            target,
+
+    def greedy(model, **kw):  # also run on the restored target below
+        return speculative_generate(
+            model,
             draft,
             prompts,
             key=keys,
@@ -44,7 +45,10 @@ def equality():
             sampling=SamplingConfig(0.0),
             eos_token_id=3,
             **kw,
-        ),
+        )
+
+    runs = {
+        "greedy": lambda **kw: greedy(target, **kw),
         "sampled": lambda **kw: speculative_generate(
             target,
             draft,
@@ -106,17 +110,7 @@ def equality():
     directory = save_checkpoint(target, tempfile.mkdtemp() + "/target")
     restored = restore_checkpoint(directory, sharding=param_sharding(mesh))
     q = restored.blocks[0].attn.q.kernel[...]
-    out = speculative_generate(
-        restored,
-        draft,
-        prompts,
-        key=keys,
-        max_new_tokens=16,
-        num_draft_tokens=3,
-        sampling=SamplingConfig(0.0),
-        eos_token_id=3,
-        mesh=mesh,
-    )
+    out = greedy(restored, mesh=mesh)
     result["restored"] = {
         "q_kernel": [list(q.shape), list(q.addressable_shards[0].data.shape)],
         "greedy": bool(np.array_equal(np.asarray(out.tokens), reference["greedy"])),
