@@ -18,6 +18,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jax_specdec.sampling import sample_with_uniforms
+
 __all__ = ["AcceptResult", "accept", "accept_with_noise", "RESIDUAL_FLOOR"]
 
 # A residual max(0, p - q) with less mass than this is numerical noise (p == q up to
@@ -60,7 +62,7 @@ def _check_shapes(draft_tokens, draft_probs, target_probs) -> tuple[int, int, in
 
 def accept_with_noise(
     uniforms: jax.Array,
-    gumbels: jax.Array,
+    draws: jax.Array,
     draft_tokens: jax.Array,
     draft_probs: jax.Array | None,
     target_probs: jax.Array,
@@ -70,7 +72,8 @@ def accept_with_noise(
 
     Args:
       uniforms: [B, γ] float32 in [0, 1), one per drafted token.
-      gumbels: [B, V] float32 standard Gumbel noise for the one categorical draw.
+      draws: [B] float32 in [0, 1), the one categorical draw of the correction or
+        bonus token (inverse CDF, `sampling.sample_with_uniforms`).
       draft_tokens: [B, γ] int32.
       draft_probs: [B, γ, V] float32 q, or None for a deterministic proposer (q one-hot).
       target_probs: [B, γ+1, V] float32 p.
@@ -108,9 +111,9 @@ def accept_with_noise(
         residual = jnp.maximum(p_next - jnp.where(bonus, 0.0, q_next), 0.0)
     degenerate = jnp.sum(residual, axis=-1, keepdims=True) < RESIDUAL_FLOOR
     residual = jnp.where(degenerate, p_next, residual)
-    # Gumbel-max: argmax(log r + g) ~ norm(r); log 0 = -inf is never chosen.
-    scores = jnp.where(residual > 0, jnp.log(residual) + gumbels, -jnp.inf)
-    next_token = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    # Inverse CDF on the unnormalised residual: one uniform per row, never a token
+    # with zero residual.
+    next_token = sample_with_uniforms(draws, residual)
     return AcceptResult(num_accepted.astype(jnp.int32), next_token)
 
 
@@ -154,17 +157,17 @@ def accept(
     draft_tokens = jnp.asarray(draft_tokens)
     target_probs = jnp.asarray(target_probs)
     draft_probs = None if draft_probs is None else jnp.asarray(draft_probs)
-    batch, gamma, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    batch, gamma, _ = _check_shapes(draft_tokens, draft_probs, target_probs)
     keys = _as_key_array(keys, batch)
 
     def noise(key):
         accept_key, residual_key = jax.random.split(key)
         return (
             jax.random.uniform(accept_key, (gamma,), jnp.float32),
-            jax.random.gumbel(residual_key, (vocab,), jnp.float32),
+            jax.random.uniform(residual_key, (), jnp.float32),
         )
 
-    uniforms, gumbels = jax.vmap(noise)(keys)
+    uniforms, draws = jax.vmap(noise)(keys)
     if num_drafted is not None:
         num_drafted = jnp.asarray(num_drafted)
         if num_drafted.shape != (batch,) or not jnp.issubdtype(num_drafted.dtype, jnp.integer):
@@ -173,6 +176,4 @@ def accept(
                 f"{num_drafted.dtype} {num_drafted.shape}"
             )
         num_drafted = jnp.clip(num_drafted, 0, gamma).astype(jnp.int32)
-    return accept_with_noise(
-        uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted
-    )
+    return accept_with_noise(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted)

@@ -380,23 +380,23 @@ class _Noise(NamedTuple):
     does not depend on how wide its batch's round is.
 
     Under greedy decoding (temperature 0) nothing is drawn: p and q are one-hot, so
-    zero uniforms accept exactly the drafts equal to the target's argmax, and zero
-    Gumbels pick the argmax of the one-hot residual or bonus. The same shapes, all
-    zeros, keep one code path.
+    zero uniforms accept exactly the drafts equal to the target's argmax, and a zero
+    draw picks the first token with mass of the one-hot residual or bonus, its argmax.
+    The same shapes, all zeros, keep one code path.
     """
 
     draft_keys: jax.Array  # [B, γ_max] one key per draft step (zeros [B, γ_max] if greedy)
     uniforms: jax.Array  # [B, γ_max] acceptance tests
-    gumbels: jax.Array  # [B, V] the correction / bonus draw
+    draws: jax.Array  # [B] the correction / bonus draw (inverse CDF)
 
 
-def _round_noise(keys, round_index, gamma_max, vocab_size, sampling) -> _Noise:
+def _round_noise(keys, round_index, gamma_max, sampling) -> _Noise:
     batch = keys.shape[0]
     if sampling.greedy:
         return _Noise(
             jnp.zeros((batch, gamma_max), jnp.int32),
             jnp.zeros((batch, gamma_max), jnp.float32),
-            jnp.zeros((batch, vocab_size), jnp.float32),
+            jnp.zeros((batch,), jnp.float32),
         )
     round_keys = jax.vmap(lambda k: jax.random.fold_in(k, round_index))(keys)
     split = jax.vmap(jax.random.split)(round_keys)  # [B, 2]: draft, acceptance
@@ -405,12 +405,12 @@ def _round_noise(keys, round_index, gamma_max, vocab_size, sampling) -> _Noise:
         accept_key, residual_key = jax.random.split(key)
         return (
             jax.random.uniform(accept_key, (gamma_max,), jnp.float32),
-            jax.random.gumbel(residual_key, (vocab_size,), jnp.float32),
+            jax.random.uniform(residual_key, (), jnp.float32),
         )
 
-    uniforms, gumbels = jax.vmap(accept_noise)(split[:, 1])
+    uniforms, draws = jax.vmap(accept_noise)(split[:, 1])
     draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma_max))(split[:, 0])
-    return _Noise(draft_keys, uniforms, gumbels)
+    return _Noise(draft_keys, uniforms, draws)
 
 
 def _choose(keys, logits, probs, sampling):
@@ -590,7 +590,7 @@ def _verify(
     logits = logits[..., :vocab_size]
     p = probs_from_logits(logits, sampling)  # [B, width+1, V]
     counts = jnp.minimum(counts, width)
-    result = accept_with_noise(noise.uniforms[:, :width], noise.gumbels, drafted, q, p, counts)
+    result = accept_with_noise(noise.uniforms[:, :width], noise.draws, drafted, q, p, counts)
     na = result.num_accepted
 
     new_tokens = jnp.concatenate([drafted, result.next_token[:, None]], axis=1)
@@ -643,7 +643,7 @@ def _speculative_round(
     of a conditional would be copied every round).
     """
     gamma_max = schedule.max_gamma
-    noise = _round_noise(keys, state.round + 1, gamma_max, vocab_size, sampling)
+    noise = _round_noise(keys, state.round + 1, gamma_max, sampling)
     active = ~state.done
     gammas = jnp.where(active, schedule(_schedule_stats(state, prompt_lengths)), 0)
     lengths = state.lengths

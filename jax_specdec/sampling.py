@@ -24,7 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingConfig", "probs_from_logits", "sample"]
+__all__ = ["SamplingConfig", "probs_from_logits", "sample", "sample_with_uniforms"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +99,26 @@ def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
     """One draw per row from probs [B, V] with keys [B], by inverse CDF: int32 [B].
 
     One uniform per row (cheaper than Gumbel-max's V draws, which matters in the
-    draft's inner loop). A token with zero probability is never drawn: the result is
-    the first index whose cumulative mass exceeds u * total, and that index must add
-    mass.
+    draft's inner loop). See `sample_with_uniforms`.
     """
-    cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)  # [B, V]
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [B]
-    threshold = (u * cdf[:, -1])[:, None]
+    return sample_with_uniforms(u, probs)
+
+
+def sample_with_uniforms(uniforms: jax.Array, weights: jax.Array) -> jax.Array:
+    """Inverse CDF with the randomness given: for each row the first index whose
+    cumulative weight exceeds u * total, int32 [B]. uniforms [B] in [0, 1); weights
+    [B, V] >= 0, not necessarily normalised (a residual max(0, p - q) is drawn from
+    as it is).
+
+    A token with zero weight is never drawn: the chosen index is where the cumulative
+    weight steps past the threshold, so it adds weight; if u * total rounds up to the
+    total, the last index with weight is taken. u = 0 gives the first index with
+    weight (the argmax of a one-hot).
+    """
+    weights = weights.astype(jnp.float32)
+    cdf = jnp.cumsum(weights, axis=-1)  # [B, V]
+    threshold = (uniforms.astype(jnp.float32) * cdf[:, -1])[:, None]
     token = jnp.sum(cdf <= threshold, axis=-1)
-    return jnp.minimum(token, probs.shape[-1] - 1).astype(jnp.int32)
+    last = weights.shape[-1] - 1 - jnp.argmax(weights[:, ::-1] > 0, axis=-1)
+    return jnp.minimum(token, last).astype(jnp.int32)

@@ -20,7 +20,7 @@ TV_MAX = 0.003
 # --------------------------------------------------------------------------- reference
 
 
-def reference_accept(uniforms, gumbels, draft_tokens, draft_probs, target_probs):
+def reference_accept(uniforms, draws, draft_tokens, draft_probs, target_probs):
     """Loop-by-loop NumPy version of Algorithm 1 with the same noise."""
     batch, gamma = draft_tokens.shape
     vocab = target_probs.shape[-1]
@@ -47,9 +47,10 @@ def reference_accept(uniforms, gumbels, draft_tokens, draft_probs, target_probs)
                 residual = p
         else:
             residual = p
-        with np.errstate(divide="ignore"):
-            scores = np.where(residual > 0, np.log(residual) + gumbels[b], -np.inf)
-        num_accepted[b], next_token[b] = n, np.argmax(scores)
+        # Inverse CDF: the first token whose cumulative mass exceeds draw * total.
+        cdf = np.cumsum(residual, dtype=np.float32)
+        token = int(np.sum(cdf <= np.float32(draws[b]) * cdf[-1]))
+        num_accepted[b], next_token[b] = n, min(token, int(np.flatnonzero(residual)[-1]))
     return num_accepted, next_token
 
 
@@ -70,8 +71,8 @@ def random_case(rng, batch, gamma, vocab, deterministic):
         # Sometimes draft exactly what the target wants, so long runs are accepted.
         target[:, :gamma] = np.where(rng.random((batch, 1, 1)) < 0.3, draft, target[:, :gamma])
     uniforms = rng.random((batch, gamma)).astype(np.float32)
-    gumbels = rng.gumbel(size=(batch, vocab)).astype(np.float32)
-    return uniforms, gumbels, tokens.astype(np.int32), draft, target
+    draws = rng.random(batch).astype(np.float32)
+    return uniforms, draws, tokens.astype(np.int32), draft, target
 
 
 @pytest.mark.parametrize("gamma", [0, 1, 3, 6])
@@ -80,9 +81,9 @@ def random_case(rng, batch, gamma, vocab, deterministic):
 def test_matches_numpy_reference(gamma, vocab, deterministic):
     rng = np.random.default_rng(gamma * 100 + vocab + 7 * deterministic)
     case = random_case(rng, 500, gamma, vocab, deterministic)
-    uniforms, gumbels, tokens, draft, target = case
+    uniforms, draws, tokens, draft, target = case
     got = jax.jit(accept_with_noise)(*(None if a is None else jnp.asarray(a) for a in case))
-    want = reference_accept(uniforms, gumbels, tokens, draft, target)
+    want = reference_accept(uniforms, draws, tokens, draft, target)
     np.testing.assert_array_equal(np.asarray(got.num_accepted), want[0])
     np.testing.assert_array_equal(np.asarray(got.next_token), want[1])
     if gamma > 0:  # the random cases exercise every outcome
@@ -311,7 +312,7 @@ def test_p_equals_q_accepts_everything_without_nan():
 
 def test_row_depends_only_on_its_key_and_inputs_and_vmaps():
     rng = np.random.default_rng(5)
-    uniforms, gumbels, tokens, draft, target = random_case(rng, 8, 3, 5, False)
+    uniforms, draws, tokens, draft, target = random_case(rng, 8, 3, 5, False)
     keys = jax.random.split(jax.random.key(9), 8)
     whole = accept(keys, tokens, draft, target)
     for b in [0, 3, 7]:

@@ -13,7 +13,7 @@ import jax_specdec.decode as decode_module
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.nn import Transformer, TransformerConfig
-from jax_specdec.sampling import probs_from_logits
+from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
 
 VOCAB = 6
 
@@ -183,17 +183,17 @@ def test_speculative_samples_follow_the_target(target, draft, name):
         assert pvalue > 1e-3
 
 
-def wrong_accept(uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted):
+def wrong_accept(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
     """Resamples a rejection from plain p instead of the residual: not exact."""
 
-    def row(u, g, x, q, p, k):
+    def row(u, x, q, p, k):
         at = jnp.arange(x.size)
         passed = (u * q[at, x] < p[at, x]) & (at < k)
-        n = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
-        return n, jnp.argmax(jnp.log(p[n]) + g).astype(jnp.int32)
+        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
 
-    n, tok = jax.vmap(row)(uniforms, gumbels, draft_tokens, draft_probs, target_probs, num_drafted)
-    return AcceptResult(n, tok)
+    n = jax.vmap(row)(uniforms, draft_tokens, draft_probs, target_probs, num_drafted)
+    p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
+    return AcceptResult(n, sample_with_uniforms(draws, p_next))
 
 
 @pytest.mark.slow

@@ -129,3 +129,12 @@ def test_sample_inverse_cdf_distribution_and_zero_mass():
     # One-hot and unnormalised rows.
     onehot = jnp.asarray([[0, 0, 1.0, 0], [0, 0, 0, 2.0]])
     assert np.asarray(sample(keys[:2], onehot)).tolist() == [2, 3]
+
+
+def test_sample_with_uniforms_ends_never_draw_zero_mass():
+    from jax_specdec.sampling import sample_with_uniforms
+
+    # Unnormalised weights with zero mass at both ends, as a residual max(0, p - q) has.
+    w = jnp.asarray([[0.0, 0.3, 0.0, 0.7, 0.0]] * 4, jnp.float32)
+    u = jnp.asarray([0.0, 0.29, 0.31, np.nextafter(np.float32(1), np.float32(0))])
+    assert np.asarray(sample_with_uniforms(u, w)).tolist() == [1, 1, 3, 3]
