@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_specdec.nn import Transformer, init_cache
@@ -228,9 +229,10 @@ def calibrate_round_costs(
     per round. All 2 (max_gamma + 1) programs are timed interleaved (`time_interleaved`).
     Unlike `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping.
 
-    `prior_alpha` None: the α those constant-γ runs measured (the model's starting
-    belief; it only learns α from rounds that draft, so a wrong prior that picks γ = 0
-    would never be corrected).
+    `prior_alpha` None: the acceptance of each draft position (given the drafts
+    before it were accepted) that those constant-γ runs measured, the model's starting
+    belief. It only learns from rounds that draft, so a wrong prior that picks γ = 0
+    would never be corrected.
     """
     from jax_specdec.decode import autoregressive_program, speculative_program
     from jax_specdec.sampling import SamplingConfig
@@ -249,16 +251,20 @@ def calibrate_round_costs(
     programs = [make(g, n) for g in range(max_gamma + 1) for n in (1, max_new_tokens)]
     timings, outputs = time_generations(programs, repeats)
     jax.clear_caches()
-    costs, accepted, rejected = [], 0, 0
+    costs = []
+    accepted, rejected = np.zeros(max_gamma), np.zeros(max_gamma)
     for g in range(max_gamma + 1):
         prefill, full = timings[2 * g], timings[2 * g + 1]
         stats = outputs[2 * g + 1].stats
         costs.append(max(full.median - prefill.median, 1e-9) / (int(stats.target_calls) - 1))
         if g > 0:
-            accepted += int(stats.accepted.sum())
-            rejected += int(stats.rejected.sum())
-    if prior_alpha is None:  # as `GenerationStats.alpha`, over all γ
-        prior_alpha = min(max(accepted / max(accepted + rejected, 1), 0.01), 0.99)
+            accepted[:g] += np.asarray(stats.accepted_at).sum(0)
+            rejected[:g] += np.asarray(stats.rejected_at).sum(0)
+    if prior_alpha is None:
+        overall = accepted.sum() / max(accepted.sum() + rejected.sum(), 1)
+        tried = accepted + rejected
+        alpha = np.where(tried > 0, accepted / np.maximum(tried, 1), overall)
+        prior_alpha = tuple(float(a) for a in np.clip(alpha, 0.01, 0.99))
     return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)
 
 

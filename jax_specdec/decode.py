@@ -31,10 +31,10 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 
-from jax_specdec.acceptance import accept_with_noise
+from jax_specdec.acceptance import AcceptResult, accept_with_noise
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.proposers import NGram
-from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample
+from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample, sample_with_uniforms
 from jax_specdec.schedules import SCHEDULES, Constant, Schedule, ScheduleStats
 from jax_specdec.sharding import cache_spec, check_mesh, place_rows, shard_state
 
@@ -60,8 +60,11 @@ class GenerationStats:
       rejected: [B] rounds that ended with a drafted token rejected.
       drafted_at: [B, γ_max] rounds in which the row drafted a token at position i
         (0-based); the acceptance rate at position i is accepted_at / drafted_at.
-      accepted_at: [B, γ_max] rounds in which draft position i was accepted. Both are
-        empty for autoregressive decoding.
+      accepted_at: [B, γ_max] rounds in which draft position i was accepted.
+      rejected_at: [B, γ_max] rounds whose first rejection was at draft position i, so
+        the acceptance of position i given that the drafts before it were accepted is
+        accepted_at / (accepted_at + rejected_at). The three are empty for
+        autoregressive decoding.
       gamma_rounds: [γ_max + 1] rounds of the whole batch run with each draft width
         (0: a plain target step).
       nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
@@ -75,6 +78,7 @@ class GenerationStats:
     rejected: jax.Array
     drafted_at: jax.Array
     accepted_at: jax.Array
+    rejected_at: jax.Array
     gamma_rounds: jax.Array
     nonfinite: jax.Array
 
@@ -109,12 +113,29 @@ class GenerationStats:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(drafted > 0, accepted / drafted, np.nan)
 
+    def conditional_acceptance_at(self) -> np.ndarray:
+        """[γ_max] acceptance of each draft position given that the drafts before it were
+        accepted, over the batch (NaN if never reached). Constant under the i.i.d. model
+        of DESIGN §2; it is what `schedules.CostModel` estimates per row."""
+        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
+        tried = accepted + np.asarray(jnp.sum(self.rejected_at, axis=0), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(tried > 0, accepted / tried, np.nan)
+
     @staticmethod
     def merge(stats: Sequence[GenerationStats]) -> GenerationStats:
         """The counters of several calls as one (rows concatenated, batch counts summed)."""
         if not stats:
             raise ValueError("merge needs at least one GenerationStats")
-        rows = ("rounds", "drafted", "accepted", "rejected", "drafted_at", "accepted_at")
+        rows = (
+            "rounds",
+            "drafted",
+            "accepted",
+            "rejected",
+            "drafted_at",
+            "accepted_at",
+            "rejected_at",
+        )
         fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in rows}
         fields["nonfinite"] = jnp.concatenate([s.nonfinite for s in stats])
         fields["target_calls"] = sum(s.target_calls for s in stats)
@@ -350,6 +371,7 @@ def _init_state(
         rejected=zeros,
         drafted_at=jnp.zeros((batch, gamma_max), jnp.int32),
         accepted_at=jnp.zeros((batch, gamma_max), jnp.int32),
+        rejected_at=jnp.zeros((batch, gamma_max), jnp.int32),
         gamma_rounds=jnp.zeros((gamma_max + 1,), jnp.int32),
         nonfinite=_nonfinite(logits),
     )
@@ -421,16 +443,20 @@ def _choose(keys, logits, probs, sampling):
     return sample(keys, probs)
 
 
-def _schedule_stats(state, prompt_lengths) -> ScheduleStats:
+def _schedule_stats(state, prompt_lengths, max_new_tokens) -> ScheduleStats:
     s = state.stats
+    generated = state.lengths - prompt_lengths
     return ScheduleStats(
         round=state.round,
         active=~state.done,
-        generated=state.lengths - prompt_lengths,
+        generated=generated,
+        remaining=jnp.where(state.done, 0, max_new_tokens - generated),
         rounds=s.rounds,
         drafted=s.drafted,
         accepted=s.accepted,
         rejected=s.rejected,
+        accepted_at=s.accepted_at,
+        rejected_at=s.rejected_at,
         last_gamma=state.last_gamma,
         last_accepted=state.last_accepted,
     )
@@ -588,9 +614,16 @@ def _verify(
         jnp.concatenate([pending, drafted], axis=1), cache.replace(lengths=state.lengths - 1)
     )
     logits = logits[..., :vocab_size]
-    p = probs_from_logits(logits, sampling)  # [B, width+1, V]
     counts = jnp.minimum(counts, width)
-    result = accept_with_noise(noise.uniforms[:, :width], noise.draws, drafted, q, p, counts)
+    if width == 0:  # a plain decode step: what the acceptance step reduces to
+        if sampling.greedy:
+            token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        else:
+            token = sample_with_uniforms(noise.draws, probs_from_logits(logits[:, 0], sampling))
+        result = AcceptResult(jnp.zeros_like(counts), token)
+    else:
+        p = probs_from_logits(logits, sampling)  # [B, width+1, V]
+        result = accept_with_noise(noise.uniforms[:, :width], noise.draws, drafted, q, p, counts)
     na = result.num_accepted
 
     new_tokens = jnp.concatenate([drafted, result.next_token[:, None]], axis=1)
@@ -609,6 +642,7 @@ def _verify(
         rejected=s.rejected + (na < counts) * on,
         drafted_at=s.drafted_at + (at < counts[:, None]) * on[:, None],
         accepted_at=s.accepted_at + (at < na[:, None]) * on[:, None],
+        rejected_at=s.rejected_at + ((at == na[:, None]) & (na < counts)[:, None]) * on[:, None],
         gamma_rounds=s.gamma_rounds.at[width].add(1),
         nonfinite=s.nonfinite | (active & (_nonfinite(logits) | draft_bad)),
     )
@@ -645,7 +679,7 @@ def _speculative_round(
     gamma_max = schedule.max_gamma
     noise = _round_noise(keys, state.round + 1, gamma_max, sampling)
     active = ~state.done
-    gammas = jnp.where(active, schedule(_schedule_stats(state, prompt_lengths)), 0)
+    gammas = jnp.where(active, schedule(_schedule_stats(state, prompt_lengths, max_new_tokens)), 0)
     lengths = state.lengths
     target_cache, draft_cache = state.target_cache, state.draft_cache
     light = state.replace(target_cache=None, draft_cache=None)

@@ -47,7 +47,6 @@ __all__ = [
     "Heuristic",
     "Schedule",
     "ScheduleStats",
-    "expected_tokens",
 ]
 
 
@@ -58,11 +57,18 @@ class ScheduleStats(NamedTuple):
       round: [] int32, rounds run so far (0 at the first decision).
       active: [B] bool, rows still generating.
       generated: [B] int32, tokens generated so far (the prefill's first token counted).
+      remaining: [B] int32, tokens the row may still generate (max_new_tokens −
+        generated; 0 once done; an EOS may end it sooner).
       rounds: [B] int32, rounds in which the row was active.
       drafted: [B] int32, tokens the row drafted so far.
       accepted: [B] int32, drafted tokens accepted so far.
       rejected: [B] int32, rounds that ended in a rejection (the α estimate is
         accepted / (accepted + rejected)).
+      accepted_at: [B, max_gamma] int32, rounds in which draft position i (0-based)
+        was accepted.
+      rejected_at: [B, max_gamma] int32, rounds whose first rejection was at position
+        i; accepted_at / (accepted_at + rejected_at) estimates the acceptance of
+        position i given the drafts before it were accepted.
       last_gamma: [B] int32, tokens the row drafted in the previous round (0 before
         the first round).
       last_accepted: [B] int32, how many of them were accepted.
@@ -71,10 +77,13 @@ class ScheduleStats(NamedTuple):
     round: jax.Array
     active: jax.Array
     generated: jax.Array
+    remaining: jax.Array
     rounds: jax.Array
     drafted: jax.Array
     accepted: jax.Array
     rejected: jax.Array
+    accepted_at: jax.Array
+    rejected_at: jax.Array
     last_gamma: jax.Array
     last_accepted: jax.Array
 
@@ -83,12 +92,6 @@ def _check_gamma(name: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
-
-
-def expected_tokens(alpha: jax.Array, gamma: jax.Array) -> jax.Array:
-    """E[tokens per round] = (1 - α^(γ+1)) / (1 - α) for i.i.d. acceptance α (DESIGN §2)."""
-    alpha = jnp.clip(alpha, 0.0, 1.0 - 1e-6)
-    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,25 +182,41 @@ class Confidence:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Per batch: the γ ∈ {0 … max_gamma} maximising the batch's expected tokens per unit
-    of cost, Σ_b E_b(γ) / (γ·draft_cost + verify_costs[γ]), with each row's α estimated
-    online as (accepted + a) / (accepted + rejected + a + b), a Beta(a, b) prior of
-    `prior_weight` rounds at mean `prior_alpha`.
+    """Per batch: the γ ∈ {0 … max_gamma} that minimises the expected time until the
+    batch's last row finishes, were γ kept for the rest of the run; re-decided every
+    round from what the rows have shown so far.
 
-    `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a plain
-    decode step) and `draft_cost` one draft step, at the batch size and context used;
-    measure them with `jax_specdec.bench.calibrate_costs`. Or pass the measured cost of
-    whole rounds of width k as `verify_costs[k]` with `draft_cost=0`
-    (`jax_specdec.bench.calibrate_round_costs`): that includes sampling, acceptance and
-    the loop's bookkeeping, which standalone model calls leave out. γ = 0 runs a plain decode
-    step, so speculation switches itself off where it does not pay. α is only learned
-    from rounds that draft: once γ = 0 is chosen with the current estimate it stays
-    chosen until the costs say otherwise.
+    - **Acceptance per position.** Row b accepts draft position i (given the drafts
+      before it were accepted) with probability α_bi, estimated online as
+      (accepted_at + a_i) / (accepted_at + rejected_at + a_i + b_i): a Beta prior of
+      `prior_weight` rounds at mean `prior_alpha[i]` (one value: every position).
+      Acceptance usually falls along the draft, so the i.i.d. model of DESIGN §2
+      overrates wide rounds.
+    - **Tokens per round.** With c_k = Π_{i≤k} α_bi (c_0 = 1) the tokens T of a γ round
+      have mean μ = Σ_{k≤γ} c_k and E[T²] = Σ_{k≤γ} (2k + 1) c_k.
+    - **Rounds until done.** A row with R tokens to go needs about R/μ rounds, with
+      variance R·var(T)/μ³ (renewal theory), at least max(1, R/(γ + 1)) and at most R. A batch runs
+      until its slowest row is done: the model takes max_b (mean_b + z_n · sd_b), with
+      z_n the expected maximum of n standard normals (Blom's approximation) over the n
+      active rows. At batch 1 this is the tokens-per-cost optimum; in a large batch a
+      row that falls behind costs every row its rounds, which favours narrower rounds
+      and γ = 0 (whose rounds are certain).
+    - **Cost.** A round of width γ costs γ·draft_cost + verify_costs[γ].
+      `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a
+      plain decode step) and `draft_cost` one draft step, at the batch size and context
+      used (`jax_specdec.bench.calibrate_costs`); or pass the measured cost of whole
+      rounds of width k as `verify_costs[k]` with `draft_cost=0`
+      (`jax_specdec.bench.calibrate_round_costs`, which also measures `prior_alpha` per
+      position): that includes sampling, acceptance and the loop's bookkeeping.
+
+    γ = 0 runs a plain decode step, so speculation switches itself off where it does
+    not pay. α is only learned from rounds that draft: once γ = 0 is chosen it stays
+    chosen unless the rows' remaining work changes the answer.
     """
 
     draft_cost: float
     verify_costs: tuple[float, ...]
-    prior_alpha: float = 0.6
+    prior_alpha: float | tuple[float, ...] = 0.6
     prior_weight: float = 4.0
 
     per_row = False
@@ -215,8 +234,15 @@ class CostModel:
             raise ValueError("CostModel costs must be positive (draft_cost may be 0)")
         object.__setattr__(self, "verify_costs", costs)
         object.__setattr__(self, "draft_cost", float(self.draft_cost))
-        if not 0.0 < self.prior_alpha < 1.0:
-            raise ValueError(f"CostModel.prior_alpha must lie in (0, 1), got {self.prior_alpha}")
+        prior = self.prior_alpha
+        prior = (prior,) * self.max_gamma if isinstance(prior, (int, float)) else tuple(prior)
+        if len(prior) != self.max_gamma or not all(0.0 < float(a) < 1.0 for a in prior):
+            raise ValueError(
+                f"CostModel.prior_alpha must be a number in (0, 1) or max_gamma = "
+                f"{self.max_gamma} of them (one per draft position), got {self.prior_alpha!r}"
+            )
+        prior = tuple(float(a) for a in prior)
+        object.__setattr__(self, "prior_alpha", prior[0] if len(set(prior)) == 1 else prior)
         if not self.prior_weight > 0:
             raise ValueError(f"CostModel.prior_weight must be > 0, got {self.prior_weight}")
 
@@ -230,16 +256,40 @@ class CostModel:
         return g * self.draft_cost + jnp.asarray(self.verify_costs, jnp.float32)
 
     def alpha(self, stats: ScheduleStats) -> jax.Array:
-        a = self.prior_alpha * self.prior_weight
-        b = (1.0 - self.prior_alpha) * self.prior_weight
-        return (stats.accepted + a) / (stats.accepted + stats.rejected + a + b)
+        """[B, max_gamma] each row's estimated acceptance of each draft position."""
+        prior = jnp.broadcast_to(jnp.asarray(self.prior_alpha, jnp.float32), (self.max_gamma,))
+        a = prior * self.prior_weight
+        b = (1.0 - prior) * self.prior_weight
+        accepted = stats.accepted_at.astype(jnp.float32)
+        return (accepted + a) / (accepted + stats.rejected_at + a + b)
+
+    def tokens(self, stats: ScheduleStats) -> tuple[jax.Array, jax.Array]:
+        """Mean and variance of each row's tokens per round, [B, max_gamma + 1] by γ."""
+        alpha = self.alpha(stats)
+        reach = jnp.concatenate([jnp.ones_like(alpha[:, :1]), jnp.cumprod(alpha, axis=1)], 1)
+        k = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
+        mean = jnp.cumsum(reach, axis=1)
+        return mean, jnp.maximum(jnp.cumsum((2 * k + 1) * reach, axis=1) - mean**2, 0.0)
+
+    def rounds(self, stats: ScheduleStats) -> jax.Array:
+        """[max_gamma + 1] expected rounds until the batch's last active row is done."""
+        mean, var = self.tokens(stats)
+        left = jnp.where(stats.active, stats.remaining, 0).astype(jnp.float32)[:, None]
+        n = jnp.maximum(jnp.sum(stats.active), 1).astype(jnp.float32)
+        z = jax.scipy.special.ndtri((n - 0.375) / (n + 0.25))  # E[max of n normals]
+        rows = left / mean + z * jnp.sqrt(left * var / mean**3)
+        # Each round gives a row at least 1 and at most γ + 1 tokens.
+        widest = jnp.arange(self.max_gamma + 1, dtype=jnp.float32) + 1.0
+        rows = jnp.clip(rows, jnp.maximum(left / widest, jnp.minimum(left, 1.0)), left)
+        return jnp.max(jnp.where(stats.active[:, None], rows, 0.0), axis=0)
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:
-        alpha = self.alpha(stats)  # [B]
-        gammas = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
-        tokens = expected_tokens(alpha[:, None], gammas[None, :])  # [B, G]
-        tokens = jnp.sum(jnp.where(stats.active[:, None], tokens, 0.0), axis=0)
-        best = jnp.argmax(tokens / self.costs()).astype(jnp.int32)
+        if stats.accepted_at.shape[-1] != self.max_gamma:
+            raise ValueError(
+                f"CostModel: stats are for max_gamma {stats.accepted_at.shape[-1]}, "
+                f"the model for {self.max_gamma}"
+            )
+        best = jnp.argmin(self.rounds(stats) * self.costs()).astype(jnp.int32)
         return jnp.full(stats.active.shape, best, jnp.int32)
 
 

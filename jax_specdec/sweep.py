@@ -232,6 +232,9 @@ def run_sweep(
                     "alpha": s.alpha,
                     "tokens_per_round": s.tokens_per_round(out.lengths),
                     "acceptance_at": [None if np.isnan(a) else a for a in s.acceptance_at()],
+                    "conditional_acceptance_at": [
+                        None if np.isnan(a) else a for a in s.conditional_acceptance_at()
+                    ],
                     "gamma_rounds": widths.tolist(),
                     "mean_gamma": float(widths @ np.arange(len(widths)) / max(widths.sum(), 1)),
                     "same_tokens_as_autoregressive": bool(np.array_equal(out.tokens, ar.tokens)),

@@ -26,7 +26,6 @@ from jax_specdec.schedules import (
     Custom,
     Heuristic,
     ScheduleStats,
-    expected_tokens,
 )
 
 
@@ -53,7 +52,10 @@ def cycle(stats):
 MODEL_SCHEDULES = {
     "heuristic": Heuristic(initial=2, min_gamma=1, max_gamma=4),
     "confidence": Confidence(threshold=0.5, max_gamma=4),
-    "cost_model": CostModel(draft_cost=0.1, verify_costs=(1.0, 1.1, 1.2, 1.3, 1.4)),
+    # Confident enough to draft even for the slowest of the exactness test's 10^5 rows.
+    "cost_model": CostModel(
+        draft_cost=0.1, verify_costs=(1.0, 1.1, 1.2, 1.3, 1.4), prior_alpha=0.98
+    ),
     "cost_model_off": CostModel(draft_cost=1.0, verify_costs=(1.0, 3.0, 5.0)),
     "custom_skip": Custom(skip_then_draft, max_gamma=3),
     "custom_cycle": Custom(cycle, max_gamma=4),
@@ -96,6 +98,8 @@ def test_greedy_equals_autoregressive_for_every_schedule(name):
     assert int(np.sum(s.gamma_rounds)) == int(s.target_calls) - 1
     assert int(np.sum(s.drafted_at)) == int(np.sum(s.drafted))
     assert int(np.sum(s.accepted_at)) == int(np.sum(s.accepted))
+    assert int(np.sum(s.rejected_at)) == int(np.sum(s.rejected))
+    assert np.all(np.asarray(s.accepted_at + s.rejected_at) <= np.asarray(s.drafted_at))
     if name == "cost_model_off":  # verifying costs more than it can return: never drafts
         assert int(np.sum(s.drafted)) == 0 and s.gamma_rounds.tolist() == [23, 0, 0]
     if name in ("custom_skip", "ngram_cycle", "cost_model"):
@@ -186,12 +190,14 @@ def test_dynamic_rounds_do_not_copy_caches(target, draft, name):
 # ---------------------------------------------------------------- the rules
 
 
-def stats_of(**fields):
+def stats_of(max_gamma=4, **fields):
     round_ = np.int32(fields.pop("round", 1))
     batch = len(next(iter(fields.values())))
     base = {k: np.zeros(batch, np.int32) for k in ScheduleStats._fields}
     base["round"] = round_
     base["active"] = np.ones(batch, bool)
+    base["remaining"] = np.full(batch, 64, np.int32)
+    base["accepted_at"] = base["rejected_at"] = np.zeros((batch, max_gamma), np.int32)
     base.update({k: np.asarray(v) for k, v in fields.items()})
     return ScheduleStats(**{k: jnp.asarray(v) for k, v in base.items()})
 
@@ -203,21 +209,96 @@ def test_heuristic_rule():
     assert h(s).tolist() == [5, 2, 6, 1, 6]
 
 
+def per_position(alpha, rounds=100):
+    """accepted_at / rejected_at counts of rows that met position i `rounds` times and
+    accepted it with frequency alpha[b][i]."""
+    alpha = np.asarray(alpha, np.float64)
+    accepted = np.round(rounds * alpha).astype(np.int32)
+    return dict(accepted_at=accepted, rejected_at=rounds - accepted)
+
+
+def enumerated_tokens(alpha, gamma):
+    """Mean and variance of the tokens of one γ round, from its enumerated outcomes."""
+    probs = []
+    for k in range(gamma + 1):  # k drafts accepted, then a correction or the bonus
+        reach = np.prod(alpha[:k])
+        probs.append(reach * (1 - alpha[k]) if k < gamma else reach)
+    tokens = np.arange(1, gamma + 2)
+    mean = np.dot(probs, tokens)
+    return mean, np.dot(probs, tokens**2) - mean**2
+
+
 def test_cost_model_rule():
+    from scipy import stats as scipy_stats
+
     costs = CostModel(draft_cost=0.05, verify_costs=(1.0, 1.05, 1.1, 1.15, 1.2))
-    confident = stats_of(accepted=[90, 95], rejected=[10, 5])
-    hopeless = stats_of(accepted=[0, 1], rejected=[50, 60])
+    confident = stats_of(**per_position([[0.9, 0.92, 0.9, 0.95], [0.95, 0.9, 0.93, 0.9]]))
+    hopeless = stats_of(**per_position([[0.0, 0.1, 0.0, 0.1], [0.05, 0.0, 0.0, 0.0]]))
     assert costs(confident).tolist() == [4, 4]
     assert costs(hopeless).tolist() == [0, 0]
-    # The choice maximises the batch's expected tokens per unit of cost.
+    # Expensive verification: a plain decode step wins even at α ≈ 0.9.
+    assert CostModel(0.1, (1.0, 2.5, 4.0))(
+        stats_of(max_gamma=2, **per_position([[0.9, 0.9]]))
+    ).tolist() == [0]
+
+    # Rounds until done: R/μ at batch 1, plus z_n standard deviations over n rows, with
+    # μ and var(T) of the enumerated round outcomes.
     alpha = np.asarray(costs.alpha(confident))
-    value = [
-        sum(float(expected_tokens(a, g)) for a in alpha) / (g * 0.05 + costs.verify_costs[g])
-        for g in range(5)
+    for b in range(2):
+        one = stats_of(
+            **{k: v[b : b + 1] for k, v in confident._asdict().items() if k.endswith("_at")}
+        )
+        rounds = np.asarray(costs.rounds(one))
+        for g in range(5):
+            mean, _ = enumerated_tokens(alpha[b], g)
+            np.testing.assert_allclose(rounds[g], 64 / mean, rtol=1e-5)
+    n = 32
+    same = stats_of(**per_position(np.tile([0.7, 0.6, 0.55, 0.5], (n, 1))))
+    z = scipy_stats.norm.ppf((n - 0.375) / (n + 0.25))
+    rounds = np.asarray(costs.rounds(same))
+    for g in range(5):
+        mean, var = enumerated_tokens(np.asarray(costs.alpha(same))[0], g)
+        np.testing.assert_allclose(
+            rounds[g], 64 / mean + z * np.sqrt(64 * var / mean**3), rtol=1e-4
+        )
+    # The last token: one round whatever γ, so the cheapest round.
+    last = stats_of(remaining=[1, 0], active=[True, False], **per_position([[0.9] * 4] * 2))
+    assert costs(last).tolist() == [0, 0]
+
+
+def test_cost_model_waits_for_the_slowest_row():
+    # Round costs measured at batch 64 (ms, γ = 0 … 4) and α = 0.71 at every position:
+    # one row gains from γ = 2, but a batch of 64 waits for its unluckiest row.
+    model = CostModel(0.0, (26.2, 41.3, 50.6, 63.5, 72.5), prior_alpha=0.71)
+    assert model(stats_of(accepted=[0])).tolist() == [2]
+    assert set(model(stats_of(accepted=[0] * 64)).tolist()) == {0}
+    # A row that accepts little weighs on the whole batch: seven good rows alone would
+    # draft 4, with one poor row the batch drafts 1, with one hopeless row none.
+    model = CostModel(0.0, (1.0, 1.2, 1.35, 1.5, 1.65))
+    good = [[0.9] * 4] * 7
+    assert set(model(stats_of(**per_position(good))).tolist()) == {4}
+    assert set(model(stats_of(**per_position(good + [[0.3] * 4]))).tolist()) == {1}
+    assert set(model(stats_of(**per_position(good + [[0.1] * 4]))).tolist()) == {0}
+
+
+def test_cost_model_acceptance_per_position():
+    costs = (1.0, 1.2, 1.3)
+    # A good first position and a poor second one: one draft, not two.
+    assert CostModel(0.0, costs, prior_alpha=(0.9, 0.1))(
+        stats_of(max_gamma=2, accepted=[0])
+    ).tolist() == [1]
+    assert CostModel(0.0, costs, prior_alpha=0.9)(stats_of(max_gamma=2, accepted=[0])).tolist() == [
+        2
     ]
-    assert int(np.argmax(value)) == 4
-    # Expensive verification: a plain decode step wins even at α = 0.9.
-    assert CostModel(0.1, (1.0, 2.5, 4.0))(confident).tolist() == [0, 0]
+    # What the rows show overrides the prior: position 2 keeps getting rejected.
+    model = CostModel(0.0, costs, prior_alpha=0.9)
+    seen = per_position([[0.9, 0.1]], rounds=50)
+    assert model(stats_of(max_gamma=2, **seen)).tolist() == [1]
+    np.testing.assert_allclose(
+        np.asarray(model.alpha(stats_of(max_gamma=2, **seen)))[0], [(45 + 3.6) / 54, (5 + 3.6) / 54]
+    )
+    with pytest.raises(ValueError, match="max_gamma"):
+        model(stats_of(max_gamma=3, accepted=[0]))
 
 
 def test_custom_schedule_clips_and_checks():
@@ -264,6 +345,7 @@ def test_ngram_matches_a_python_reference():
         (lambda: CostModel(0.1, (1.0,)), "verify_costs"),
         (lambda: CostModel(-0.1, (1.0, 1.0)), "positive"),
         (lambda: CostModel(0.1, (1.0, 1.0), prior_alpha=1.0), "prior_alpha"),
+        (lambda: CostModel(0.1, (1.0, 1.0, 1.0), prior_alpha=(0.5,)), "prior_alpha"),
         (lambda: Custom(3), "Custom.fn"),
         (lambda: NGram(max_ngram=0), "NGram.max_ngram"),
         (lambda: NGram(max_ngram=2, min_ngram=3), "min_ngram"),
@@ -317,5 +399,7 @@ def test_round_calibration_gives_a_cost_model(target, draft, temperature):
     )
     assert isinstance(cost, CostModel) and cost.max_gamma == 2
     assert cost.draft_cost == 0 and all(c > 0 for c in cost.verify_costs)
-    # The prior is the α the calibration runs measured (random models: low, not 0.6).
-    assert 0.01 <= cost.prior_alpha <= 0.99 and cost.prior_alpha != 0.6
+    # The prior is the acceptance per position the calibration runs measured (random
+    # models: low, not 0.6).
+    prior = np.broadcast_to(cost.prior_alpha, (2,))
+    assert np.all((0.01 <= prior) & (prior <= 0.99)) and not np.any(prior == 0.6)
