@@ -85,6 +85,11 @@ def accept_with_noise(
       AcceptResult(num_accepted [B], next_token [B]).
     """
     batch, gamma, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    if uniforms.shape != (batch, gamma) or draws.shape != (batch,):
+        raise ValueError(
+            f"uniforms must be [B, γ] = [{batch}, {gamma}] and draws [B] = [{batch}], got "
+            f"{uniforms.shape} and {draws.shape}"
+        )
     target_probs = target_probs.astype(jnp.float32)
     draft_tokens = draft_tokens.astype(jnp.int32)
     if draft_probs is None:

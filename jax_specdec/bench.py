@@ -221,7 +221,7 @@ def calibrate_round_costs(
     sampling=None,
     max_new_tokens: int = 48,
     repeats: int = 5,
-    prior_alpha: float | None = None,
+    prior_alpha: float | tuple[float, ...] | None = None,
 ):
     """A `schedules.CostModel` from whole rounds timed inside the compiled loop: the
     autoregressive program (γ = 0) and constant-γ programs for γ = 1 … max_gamma on

@@ -106,19 +106,21 @@ def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
 
 
 def sample_with_uniforms(uniforms: jax.Array, weights: jax.Array) -> jax.Array:
-    """Inverse CDF with the randomness given: for each row the first index whose
-    cumulative weight exceeds u * total, int32 [B]. uniforms [B] in [0, 1); weights
-    [B, V] >= 0, not necessarily normalised (a residual max(0, p - q) is drawn from
-    as it is).
+    """Inverse CDF with the randomness given: for each row the first index with weight
+    whose cumulative weight exceeds u * total, int32 [B]. uniforms [B] in [0, 1); weights
+    [B, V] >= 0, not necessarily normalised (a residual max(0, p - q) is drawn from as
+    it is).
 
-    A token with zero weight is never drawn: the chosen index is where the cumulative
-    weight steps past the threshold, so it adds weight; if u * total rounds up to the
-    total, the last index with weight is taken. u = 0 gives the first index with
-    weight (the argmax of a one-hot).
+    A token with zero weight is never drawn, whatever order XLA sums the cumulative
+    weights in; if u * total is not below the total, the last index with weight is
+    taken. u = 0 gives the first index with weight (the argmax of a one-hot). The
+    uniforms are float32, so a token's probability is resolved to about 6e-8 of the
+    total (as `sample` draws).
     """
     weights = weights.astype(jnp.float32)
     cdf = jnp.cumsum(weights, axis=-1)  # [B, V]
     threshold = (uniforms.astype(jnp.float32) * cdf[:, -1])[:, None]
-    token = jnp.sum(cdf <= threshold, axis=-1)
-    last = weights.shape[-1] - 1 - jnp.argmax(weights[:, ::-1] > 0, axis=-1)
-    return jnp.minimum(token, last).astype(jnp.int32)
+    hit = (cdf > threshold) & (weights > 0)
+    index = jnp.arange(weights.shape[-1], dtype=jnp.int32)
+    last = jnp.maximum(jnp.max(jnp.where(weights > 0, index, -1), axis=-1), 0)
+    return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last).astype(jnp.int32)

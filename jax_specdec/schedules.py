@@ -16,9 +16,10 @@ Per row or per batch (`per_row`):
 - `Constant`, `Heuristic`, `Confidence` and the n-gram proposer decide per row from
   the row's own history, so a row's tokens depend only on its key and prompt, never
   on its batch neighbours.
-- `CostModel` decides per batch: the whole batch pays for the round's widest γ, so it
-  maximises the batch's expected tokens per unit of cost. A row's tokens then depend on
-  its neighbours through the chosen γ (their distribution never does).
+- `CostModel` decides per batch: the whole batch pays for the round's widest γ and
+  waits for its slowest row, so it minimises the expected time until the batch is
+  done. A row's tokens then depend on its neighbours through the chosen γ (their
+  distribution never does).
 - `Custom`: whatever the user's function does; it says so with `per_row`.
 
 `can_skip` says whether a schedule may choose γ = 0 for the whole batch. Those that can
@@ -33,11 +34,13 @@ compiled program: changing the schedule recompiles, changing its inputs does not
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "Confidence",
@@ -192,15 +195,19 @@ class CostModel:
       `prior_weight` rounds at mean `prior_alpha[i]` (one value: every position).
       Acceptance usually falls along the draft, so the i.i.d. model of DESIGN §2
       overrates wide rounds.
-    - **Tokens per round.** With c_k = Π_{i≤k} α_bi (c_0 = 1) the tokens T of a γ round
-      have mean μ = Σ_{k≤γ} c_k and E[T²] = Σ_{k≤γ} (2k + 1) c_k.
+    - **Tokens per round.** With c_k = α_b1 ⋯ α_bk the probability that the first k
+      drafts are accepted (c_0 = 1), the tokens T of a γ round have mean
+      μ = Σ_{k≤γ} c_k and E[T²] = Σ_{k≤γ} (2k + 1) c_k.
     - **Rounds until done.** A row with R tokens to go needs about R/μ rounds, with
-      variance R·var(T)/μ³ (renewal theory), at least max(1, R/(γ + 1)) and at most R. A batch runs
-      until its slowest row is done: the model takes max_b (mean_b + z_n · sd_b), with
-      z_n the expected maximum of n standard normals (Blom's approximation) over the n
-      active rows. At batch 1 this is the tokens-per-cost optimum; in a large batch a
-      row that falls behind costs every row its rounds, which favours narrower rounds
-      and γ = 0 (whose rounds are certain).
+      variance R·var(T)/μ³ (renewal theory), at least ⌈R/(γ + 1)⌉ and at most R. A
+      batch runs until its slowest row is done: the model takes
+      max_b (mean_b + z_n · sd_b), with z_n the expected maximum of n standard normals
+      (Blom's approximation) over the n active rows. At batch 1 this is the
+      tokens-per-cost optimum; in a large batch a row that falls behind costs every
+      row its rounds, which favours narrower rounds and γ = 0 (whose rounds are
+      certain). Approximations: with rows of unequal means the max_b overstates the
+      expected maximum somewhat (against drafting), and the last round's overshoot
+      is ignored.
     - **Cost.** A round of width γ costs γ·draft_cost + verify_costs[γ].
       `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a
       plain decode step) and `draft_cost` one draft step, at the batch size and context
@@ -230,12 +237,12 @@ class CostModel:
                 "CostModel.verify_costs needs the cost of verifying 1..max_gamma+1 tokens "
                 f"(at least 2 entries), got {len(costs)}"
             )
-        if any(not c > 0 for c in costs) or not float(self.draft_cost) >= 0:
-            raise ValueError("CostModel costs must be positive (draft_cost may be 0)")
+        if any(not 0 < c < math.inf for c in costs) or not 0 <= float(self.draft_cost) < math.inf:
+            raise ValueError("CostModel costs must be finite and positive (draft_cost may be 0)")
         object.__setattr__(self, "verify_costs", costs)
         object.__setattr__(self, "draft_cost", float(self.draft_cost))
-        prior = self.prior_alpha
-        prior = (prior,) * self.max_gamma if isinstance(prior, (int, float)) else tuple(prior)
+        prior = np.asarray(self.prior_alpha, np.float64)
+        prior = (float(prior),) * self.max_gamma if prior.ndim == 0 else tuple(prior.ravel())
         if len(prior) != self.max_gamma or not all(0.0 < float(a) < 1.0 for a in prior):
             raise ValueError(
                 f"CostModel.prior_alpha must be a number in (0, 1) or max_gamma = "
@@ -243,7 +250,7 @@ class CostModel:
             )
         prior = tuple(float(a) for a in prior)
         object.__setattr__(self, "prior_alpha", prior[0] if len(set(prior)) == 1 else prior)
-        if not self.prior_weight > 0:
+        if not 0 < self.prior_weight < math.inf:
             raise ValueError(f"CostModel.prior_weight must be > 0, got {self.prior_weight}")
 
     @property
@@ -280,7 +287,7 @@ class CostModel:
         rows = left / mean + z * jnp.sqrt(left * var / mean**3)
         # Each round gives a row at least 1 and at most γ + 1 tokens.
         widest = jnp.arange(self.max_gamma + 1, dtype=jnp.float32) + 1.0
-        rows = jnp.clip(rows, jnp.maximum(left / widest, jnp.minimum(left, 1.0)), left)
+        rows = jnp.clip(rows, jnp.ceil(left / widest), left)
         return jnp.max(jnp.where(stats.active[:, None], rows, 0.0), axis=0)
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:

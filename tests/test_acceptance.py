@@ -358,3 +358,8 @@ def test_bad_shapes_are_rejected_before_tracing():
         accept(keys[:1], tokens, q, p)
     with pytest.raises(ValueError, match="keys"):
         accept(jnp.zeros((2,), jnp.float32), tokens, q, p)
+    # The noise of the explicit form: a Gumbel vector per row (the old API) is refused.
+    with pytest.raises(ValueError, match="draws"):
+        accept_with_noise(jnp.zeros((2, 3)), jnp.zeros((2, 5)), tokens, q, p)
+    with pytest.raises(ValueError, match="uniforms"):
+        accept_with_noise(jnp.zeros((2, 2)), jnp.zeros((2,)), tokens, q, p)

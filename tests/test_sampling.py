@@ -135,6 +135,16 @@ def test_sample_with_uniforms_ends_never_draw_zero_mass():
     from jax_specdec.sampling import sample_with_uniforms
 
     # Unnormalised weights with zero mass at both ends, as a residual max(0, p - q) has.
-    w = jnp.asarray([[0.0, 0.3, 0.0, 0.7, 0.0]] * 4, jnp.float32)
-    u = jnp.asarray([0.0, 0.29, 0.31, np.nextafter(np.float32(1), np.float32(0))])
-    assert np.asarray(sample_with_uniforms(u, w)).tolist() == [1, 1, 3, 3]
+    w = jnp.asarray([[0.0, 0.3, 0.0, 0.7, 0.0]] * 5, jnp.float32)
+    below_one = np.nextafter(np.float32(1), np.float32(0))
+    u = jnp.asarray([0.0, 0.29, 0.31, below_one, 1.0])
+    # u = 1 (threshold = total) still gives the last token with mass, not index 4.
+    assert np.asarray(sample_with_uniforms(u, w)).tolist() == [1, 1, 3, 3, 3]
+    # Many zero-weight tokens between a few with weight, in a large vocabulary.
+    rng = np.random.default_rng(0)
+    w = np.zeros((64, 50_000), np.float32)
+    for row in w:
+        row[rng.choice(50_000, 3, replace=False)] = rng.random(3)
+    u = jnp.asarray(rng.random(64), jnp.float32)
+    tokens = np.asarray(sample_with_uniforms(u, jnp.asarray(w)))
+    assert np.all(w[np.arange(64), tokens] > 0)

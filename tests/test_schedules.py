@@ -167,6 +167,24 @@ def test_constant_schedule_is_num_draft_tokens(target, draft):
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
 
 
+def test_stats_per_position_and_remaining(target, draft):
+    prompts = ragged_prompts(6, VOCAB, seed=3)
+    kw = dict(key=jax.random.key(4), max_new_tokens=12, sampling=SamplingConfig(1.0))
+    s = speculative_generate(target, draft, prompts, schedule=Constant(3), **kw).stats
+    acc, rej, drafted = (np.asarray(x) for x in (s.accepted_at, s.rejected_at, s.drafted_at))
+    assert rej.sum() > 0 and acc[:, -1].sum() > 0
+    # Every round that drafts tries position 0; position i is tried in the rounds that
+    # accepted the first i drafts; each try is accepted or is the round's first rejection.
+    np.testing.assert_array_equal(acc[:, 0] + rej[:, 0], drafted[:, 0])
+    np.testing.assert_array_equal(acc[:, 1:] + rej[:, 1:], acc[:, :-1])
+    np.testing.assert_array_equal(s.conditional_acceptance_at(), acc.sum(0) / (acc + rej).sum(0))
+    # `remaining` is what the row may still generate: a schedule that drafts only when
+    # remaining + generated == max_new_tokens drafts in every round.
+    check = Custom(lambda st: jnp.where(st.remaining + st.generated == 12, 2, 0), max_gamma=2)
+    s = speculative_generate(target, draft, prompts, schedule=check, **kw).stats
+    assert int(s.gamma_rounds[0]) == 0 and int(s.gamma_rounds[2]) > 0
+
+
 @pytest.mark.parametrize("name", ["heuristic", "confidence", "custom_skip"])
 def test_dynamic_rounds_do_not_copy_caches(target, draft, name):
     prompts = [[1, 2, 3], [4]]
@@ -299,6 +317,9 @@ def test_cost_model_acceptance_per_position():
     )
     with pytest.raises(ValueError, match="max_gamma"):
         model(stats_of(max_gamma=3, accepted=[0]))
+    # NumPy scalars and arrays are accepted as priors.
+    assert CostModel(0.0, costs, prior_alpha=np.float32(0.5)).prior_alpha == 0.5
+    assert CostModel(0.0, costs, prior_alpha=np.array([0.9, 0.1])).prior_alpha == (0.9, 0.1)
 
 
 def test_custom_schedule_clips_and_checks():
@@ -346,6 +367,8 @@ def test_ngram_matches_a_python_reference():
         (lambda: CostModel(-0.1, (1.0, 1.0)), "positive"),
         (lambda: CostModel(0.1, (1.0, 1.0), prior_alpha=1.0), "prior_alpha"),
         (lambda: CostModel(0.1, (1.0, 1.0, 1.0), prior_alpha=(0.5,)), "prior_alpha"),
+        (lambda: CostModel(0.1, (1.0, float("inf"))), "finite"),
+        (lambda: CostModel(0.1, (1.0, 1.0), prior_weight=float("inf")), "prior_weight"),
         (lambda: Custom(3), "Custom.fn"),
         (lambda: NGram(max_ngram=0), "NGram.max_ngram"),
         (lambda: NGram(max_ngram=2, min_ngram=3), "min_ngram"),
