@@ -791,15 +791,16 @@ def _zero_entries(model, batch, size):
     return zeros, zeros
 
 
-def _autoregressive_step(
-    target, state, keys, prompt_lengths, *, sampling, max_new_tokens, eos_token_id, vocab_size
+def _decode_step(
+    target, state, choose, prompt_lengths, *, sampling, max_new_tokens, eos_token_id, vocab_size
 ):
-    round_keys = jax.vmap(lambda k: jax.random.fold_in(k, state.round + 1))(keys)
+    """One plain target step, its cache written in place: `choose(logits, probs)` picks
+    each row's token. Counted as a round of width 0."""
     pending = _gather_last(state.tokens, state.lengths, 1)
     cache = state.target_cache.replace(lengths=state.lengths - 1)
     logits, cache = target.decode(pending, cache)
     logits = logits[:, 0, :vocab_size]
-    token = _choose(round_keys, logits, probs_from_logits(logits, sampling), sampling)
+    token = choose(logits, probs_from_logits(logits, sampling))
     active = ~state.done
     state, _ = _emit(
         state.replace(target_cache=cache),
@@ -813,10 +814,58 @@ def _autoregressive_step(
     stats = s.replace(
         rounds=s.rounds + active,
         target_calls=s.target_calls + 1,
-        gamma_rounds=s.gamma_rounds + 1,
+        gamma_rounds=s.gamma_rounds.at[0].add(1),
         nonfinite=s.nonfinite | (active & _nonfinite(logits)),
     )
-    return state.replace(stats=stats, round=state.round + 1)
+    return state.replace(
+        stats=stats,
+        round=state.round + 1,
+        last_gamma=jnp.where(active, 0, state.last_gamma),
+        last_accepted=jnp.where(active, 0, state.last_accepted),
+    )
+
+
+def _autoregressive_step(target, state, keys, prompt_lengths, **common):
+    round_keys = jax.vmap(lambda k: jax.random.fold_in(k, state.round + 1))(keys)
+    sampling = common["sampling"]
+    return _decode_step(
+        target,
+        state,
+        lambda logits, probs: _choose(round_keys, logits, probs, sampling),
+        prompt_lengths,
+        **common,
+    )
+
+
+def _skipped_round(target, state, keys, prompt_lengths, *, gamma_max, **common):
+    """A round of width 0 for the whole batch, as a plain step with the cache written
+    in place: the same draw as `_verify` at width 0 (the round's `draws`), so a row's
+    tokens do not depend on whether its neighbours drafted."""
+    sampling = common["sampling"]
+    draws = _round_noise(keys, state.round + 1, gamma_max, sampling).draws
+
+    def choose(logits, probs):
+        if sampling.greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return sample_with_uniforms(draws, probs)
+
+    return _decode_step(target, state, choose, prompt_lengths, **common)
+
+
+def _then_skipping(round_fn, target, keys, schedule, common):
+    """After each round, plain steps (`_skipped_round`) for as long as the schedule asks
+    every active row for γ = 0: a batch-wide γ = 0 then costs an autoregressive step,
+    without the round's switch, catch-up check and entries written after it."""
+    prompt_lengths, max_new_tokens = common["prompt_lengths"], common["max_new_tokens"]
+
+    def skipping(state):
+        gammas = schedule(_schedule_stats(state, prompt_lengths, max_new_tokens))
+        return ~jnp.all(state.done) & ~jnp.any(~state.done & (gammas > 0))
+
+    step = functools.partial(
+        _skipped_round, target, keys=keys, gamma_max=schedule.max_gamma, **common
+    )
+    return lambda state: jax.lax.while_loop(skipping, step, round_fn(state))
 
 
 def _finish(state, prompt_lengths, max_new_tokens, pad_token_id):
@@ -898,6 +947,8 @@ def _generate_program(
         body = functools.partial(
             _speculative_round, target, draft, proposer, keys=keys, schedule=schedule, **common
         )
+        if schedule.can_skip:
+            body = _then_skipping(body, target, keys, schedule, common)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return _finish(state, prompt_lengths, max_new_tokens, pad_token_id)
 
