@@ -193,8 +193,9 @@ class CostModel:
       before it were accepted) with probability α_bi, estimated online as
       (accepted_at + a_i) / (accepted_at + rejected_at + a_i + b_i): a Beta prior of
       `prior_weight` rounds at mean `prior_alpha[i]` (one value: every position).
-      Acceptance usually falls along the draft, so the i.i.d. model of DESIGN §2
-      overrates wide rounds.
+      Acceptance varies along the draft (in the sweep it falls at batch 1 and rises
+      in large batches, whose rows that get far are the easy ones), which the i.i.d.
+      model of DESIGN §2 misses.
     - **Tokens per round.** With c_k = α_b1 ⋯ α_bk the probability that the first k
       drafts are accepted (c_0 = 1), the tokens T of a γ round have mean
       μ = Σ_{k≤γ} c_k and E[T²] = Σ_{k≤γ} (2k + 1) c_k.
