@@ -443,6 +443,14 @@ def _choose(keys, logits, probs, sampling):
     return sample(keys, probs)
 
 
+def _draw(draws, logits, probs, sampling):
+    """The token of a width-0 round from its draws [B]: the argmax under greedy decoding,
+    else inverse CDF on probs (what the acceptance step does with no drafts)."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return sample_with_uniforms(draws, probs)
+
+
 def _schedule_stats(state, prompt_lengths, max_new_tokens) -> ScheduleStats:
     s = state.stats
     generated = state.lengths - prompt_lengths
@@ -616,10 +624,8 @@ def _verify(
     logits = logits[..., :vocab_size]
     counts = jnp.minimum(counts, width)
     if width == 0:  # a plain decode step: what the acceptance step reduces to
-        if sampling.greedy:
-            token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
-        else:
-            token = sample_with_uniforms(noise.draws, probs_from_logits(logits[:, 0], sampling))
+        first = logits[:, 0]
+        token = _draw(noise.draws, first, probs_from_logits(first, sampling), sampling)
         result = AcceptResult(jnp.zeros_like(counts), token)
     else:
         p = probs_from_logits(logits, sampling)  # [B, width+1, V]
@@ -843,13 +849,13 @@ def _skipped_round(target, state, keys, prompt_lengths, *, gamma_max, **common):
     tokens do not depend on whether its neighbours drafted."""
     sampling = common["sampling"]
     draws = _round_noise(keys, state.round + 1, gamma_max, sampling).draws
-
-    def choose(logits, probs):
-        if sampling.greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        return sample_with_uniforms(draws, probs)
-
-    return _decode_step(target, state, choose, prompt_lengths, **common)
+    return _decode_step(
+        target,
+        state,
+        lambda logits, probs: _draw(draws, logits, probs, sampling),
+        prompt_lengths,
+        **common,
+    )
 
 
 def _then_skipping(round_fn, target, keys, schedule, common):
