@@ -222,12 +222,17 @@ def calibrate_round_costs(
     max_new_tokens: int = 48,
     repeats: int = 5,
     prior_alpha: float | tuple[float, ...] | None = None,
+    more_batches: Sequence[tuple[object, object]] = (),
 ):
     """A `schedules.CostModel` from whole rounds timed inside the compiled loop: the
     autoregressive program (γ = 0) and constant-γ programs for γ = 1 … max_gamma on
     `prompts` with `sampling` (default greedy), each minus its prefill (a 1-token run),
     per round. All 2 (max_gamma + 1) programs are timed interleaved (`time_interleaved`).
     Unlike `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping.
+
+    `more_batches`: further `(prompts, prompt_lengths)` batches, timed and counted with
+    the first (seconds and rounds summed over the batches), so a small batch is not
+    calibrated on one prompt alone.
 
     `prior_alpha` None: the acceptance of each draft position (given the drafts
     before it were accepted) that those constant-γ runs measured, the model's starting
@@ -239,27 +244,42 @@ def calibrate_round_costs(
     from jax_specdec.schedules import CostModel
 
     sampling = SamplingConfig(0.0) if sampling is None else sampling
-    common = dict(key=jax.random.key(0), sampling=sampling, prompt_lengths=prompt_lengths)
 
-    def make(gamma, n):
+    def make(gamma, n, batch, lengths):
+        common = dict(key=jax.random.key(0), sampling=sampling, prompt_lengths=lengths)
         if gamma == 0:
-            return autoregressive_program(target, prompts, max_new_tokens=n, **common)
+            return autoregressive_program(target, batch, max_new_tokens=n, **common)
         return speculative_program(
-            target, draft, prompts, max_new_tokens=n, num_draft_tokens=gamma, **common
+            target, draft, batch, max_new_tokens=n, num_draft_tokens=gamma, **common
         )
 
-    programs = [make(g, n) for g in range(max_gamma + 1) for n in (1, max_new_tokens)]
+    batches = [(prompts, prompt_lengths), *more_batches]
+    for b in batches[1:]:
+        if not (isinstance(b, tuple) and len(b) == 2):
+            raise ValueError(
+                f"more_batches must hold (prompts, prompt_lengths) tuples, got {type(b).__name__}"
+            )
+    programs = [
+        make(g, n, *batch)
+        for g in range(max_gamma + 1)
+        for batch in batches
+        for n in (1, max_new_tokens)
+    ]
     timings, outputs = time_generations(programs, repeats)
     jax.clear_caches()
     costs = []
     accepted, rejected = np.zeros(max_gamma), np.zeros(max_gamma)
     for g in range(max_gamma + 1):
-        prefill, full = timings[2 * g], timings[2 * g + 1]
-        stats = outputs[2 * g + 1].stats
-        costs.append(max(full.median - prefill.median, 1e-9) / (int(stats.target_calls) - 1))
-        if g > 0:
-            accepted[:g] += np.asarray(stats.accepted_at).sum(0)
-            rejected[:g] += np.asarray(stats.rejected_at).sum(0)
+        seconds, rounds = 0.0, 0
+        for b in range(len(batches)):
+            i = 2 * (g * len(batches) + b)
+            seconds += max(timings[i + 1].median - timings[i].median, 1e-9)
+            stats = outputs[i + 1].stats
+            rounds += int(stats.target_calls) - 1
+            if g > 0:
+                accepted[:g] += np.asarray(stats.accepted_at).sum(0)
+                rejected[:g] += np.asarray(stats.rejected_at).sum(0)
+        costs.append(seconds / rounds)
     if prior_alpha is None:
         overall = accepted.sum() / max(accepted.sum() + rejected.sum(), 1)
         tried = accepted + rejected

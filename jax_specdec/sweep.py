@@ -182,7 +182,9 @@ def run_sweep(
         for temperature in temperatures:
             sampling = SamplingConfig(temperature)
             # The cost model runs on whole rounds measured in the loop at this batch and
-            # temperature; the standalone parts above are kept for comparison.
+            # temperature, on all the prompt groups timed below (a small batch is not
+            # calibrated on one prompt alone); the standalone parts above are kept for
+            # comparison.
             bar.set_postfix(batch=batch, t=temperature, step="calibrate rounds")
             cost = calibrate_round_costs(
                 target,
@@ -193,6 +195,7 @@ def run_sweep(
                 max_gamma=max_gamma,
                 max_new_tokens=max_new_tokens,
                 repeats=repeats,
+                more_batches=groups[1:],
             )
             results["costs"][-1][f"round_ms_t{temperature:g}"] = [
                 1e3 * c for c in cost.verify_costs

@@ -426,3 +426,40 @@ def test_round_calibration_gives_a_cost_model(target, draft, temperature):
     # models: low, not 0.6).
     prior = np.broadcast_to(cost.prior_alpha, (2,))
     assert np.all((0.01 <= prior) & (prior <= 0.99)) and not np.any(prior == 0.6)
+
+
+def test_round_calibration_pools_several_batches(target, draft):
+    """`more_batches`: the prior is the acceptance per position pooled over every
+    batch's constant-γ runs (the same key, so the same runs as here)."""
+    from jax_specdec.bench import calibrate_round_costs
+
+    batches = [ragged_prompts(2, VOCAB, seed=s) for s in (1, 2)]
+    cost = calibrate_round_costs(
+        target,
+        draft,
+        batches[0],
+        max_gamma=2,
+        max_new_tokens=6,
+        repeats=1,
+        more_batches=[(batches[1], None)],
+    )
+    accepted, tried = np.zeros(2), np.zeros(2)
+    for prompts in batches:
+        for gamma in (1, 2):
+            s = speculative_generate(
+                target,
+                draft,
+                prompts,
+                key=jax.random.key(0),
+                max_new_tokens=6,
+                num_draft_tokens=gamma,
+                sampling=SamplingConfig(0.0),
+            ).stats
+            accepted[:gamma] += np.asarray(s.accepted_at).sum(0)
+            tried[:gamma] += np.asarray(s.accepted_at).sum(0) + np.asarray(s.rejected_at).sum(0)
+    assert tried.min() > 0
+    expected = np.clip(accepted / tried, 0.01, 0.99)
+    np.testing.assert_allclose(np.broadcast_to(cost.prior_alpha, (2,)), expected, rtol=1e-6)
+    assert len(cost.verify_costs) == 3 and min(cost.verify_costs) > 0
+    with pytest.raises(ValueError, match="more_batches"):
+        calibrate_round_costs(target, draft, batches[0], max_gamma=1, more_batches=[batches[1]])
