@@ -227,7 +227,8 @@ def calibrate_round_costs(
     """A `schedules.CostModel` from whole rounds timed inside the compiled loop: the
     autoregressive program (γ = 0) and constant-γ programs for γ = 1 … max_gamma on
     `prompts` with `sampling` (default greedy), each minus its prefill (a 1-token run),
-    per round. All 2 (max_gamma + 1) programs are timed interleaved (`time_interleaved`).
+    per round. All 2 (max_gamma + 1) programs (per batch) are timed interleaved
+    (`time_interleaved`).
     Unlike `calibrate_costs` it includes sampling, acceptance and the loop's bookkeeping.
 
     `more_batches`: further `(prompts, prompt_lengths)` batches, timed and counted with

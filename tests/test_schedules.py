@@ -444,6 +444,7 @@ def test_round_calibration_pools_several_batches(target, draft):
         more_batches=[(batches[1], None)],
     )
     accepted, tried = np.zeros(2), np.zeros(2)
+    first_only = None
     for prompts in batches:
         for gamma in (1, 2):
             s = speculative_generate(
@@ -457,7 +458,10 @@ def test_round_calibration_pools_several_batches(target, draft):
             ).stats
             accepted[:gamma] += np.asarray(s.accepted_at).sum(0)
             tried[:gamma] += np.asarray(s.accepted_at).sum(0) + np.asarray(s.rejected_at).sum(0)
+        if first_only is None:
+            first_only = accepted / tried
     assert tried.min() > 0
+    assert not np.allclose(first_only, accepted / tried)  # the second batch counts
     expected = np.clip(accepted / tried, 0.01, 0.99)
     np.testing.assert_allclose(np.broadcast_to(cost.prior_alpha, (2,)), expected, rtol=1e-6)
     assert len(cost.verify_costs) == 3 and min(cost.verify_costs) > 0
