@@ -252,7 +252,9 @@ class CostModel:
         prior = tuple(float(a) for a in prior)
         object.__setattr__(self, "prior_alpha", prior[0] if len(set(prior)) == 1 else prior)
         if not 0 < self.prior_weight < math.inf:
-            raise ValueError(f"CostModel.prior_weight must be > 0, got {self.prior_weight}")
+            raise ValueError(
+                f"CostModel.prior_weight must be finite and > 0, got {self.prior_weight}"
+            )
 
     @property
     def max_gamma(self) -> int:
