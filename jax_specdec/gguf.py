@@ -1,0 +1,272 @@
+"""GGUF import (llama.cpp's file format): config, dequantized weights, conversion.
+
+`load_gguf_model(path)` reads a `.gguf` file with the `gguf` package (llama.cpp's own
+reader, which memory-maps the file), builds the `TransformerConfig` from the file's
+metadata and dequantizes one tensor at a time into the requested dtype, so the peak
+memory stays near one dequantized copy of the weights. `jax_specdec.hf.load_model`
+calls it for `.gguf` paths. `convert_gguf(path, out_dir)` writes the same weights as a
+Hugging Face directory.
+
+Architectures: `llama` (llama.cpp stores Mistral models under it too) and `qwen2`.
+llama.cpp permutes the rows of the llama q/k projections for its rotary kernel
+(`convert_hf_to_gguf.py`, `LlamaModel.permute`); they are permuted back here. Qwen2
+files are not permuted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jax_specdec.hf import _hf_entries, build_model
+from jax_specdec.hf_config import _dtype_name, config_to_hf
+from jax_specdec.nn import Transformer, TransformerConfig
+
+Path_ = str | os.PathLike
+
+# GGUF general.architecture -> the Hugging Face architecture whose tensors it holds.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp permutes
+
+_MLP = ("gate", "up", "down")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    **{f"attn_{x}.{k}": f"self_attn.{x}_proj.{k}" for x in "qkv" for k in ("weight", "bias")},
+    **{
+        f"ffn_{x}.{k}": f"mlp.{x}_proj.{k}"
+        for x in ("gate", "up", "down")
+        for k in ("weight", "bias")
+    },
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read or is not supported; the message names the file."""
+
+
+def open_gguf(path: Path_):
+    """A `gguf.GGUFReader` on `path` (memory-mapped), or a one-line error naming the file."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as e:  # the reader raises assorted errors on corrupt input
+        raise GGUFError(f"{path}: not a readable GGUF file ({_brief(e)})") from e
+
+
+def field(reader, key: str, default: Any = ...) -> Any:
+    """The value of metadata field `key` (str, number, bool or list); `default` if absent."""
+    f = reader.fields.get(key)
+    if f is None:
+        if default is ...:
+            raise GGUFError(f"{reader.data.filename}: metadata field {key!r} is missing")
+        return default
+    try:
+        return f.contents()
+    except Exception as e:
+        raise GGUFError(f"{reader.data.filename}: metadata field {key!r} is corrupt") from e
+
+
+def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
+    """`(config, Hugging Face architecture)` from a GGUF file's metadata and tensor names."""
+    file = reader.data.filename
+    arch = field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(
+            f"{file}: architecture {arch!r} is not supported (supported: "
+            f"{', '.join(ARCHITECTURES)}; Mistral models are stored as llama)"
+        )
+    scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    names = {t.name for t in reader.tensors}
+    if scaling not in ("none", "") or "rope_freqs.weight" in names:
+        raise GGUFError(f"{file}: rope scaling ({scaling}) is not supported")
+
+    def need(key):
+        return field(reader, f"{arch}.{key}")
+
+    d, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = field(reader, f"{arch}.attention.key_length", None)
+    if head_dim is None and arch == "llama":
+        head_dim = field(reader, "llama.rope.dimension_count", None)
+    vocab = field(reader, f"{arch}.vocab_size", None)
+    if vocab is None:
+        vocab = len(field(reader, "tokenizer.ggml.tokens"))
+    bias = "blk.0.attn_q.bias" in names
+    try:
+        config = TransformerConfig.llama(
+            vocab_size=int(vocab),
+            d_model=d,
+            num_layers=int(need("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(head_dim or d // heads),
+            mlp_dim=int(need("feed_forward_length")),
+            max_len=int(need("context_length")),
+            norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+            rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+            qkv_bias=bias,
+            out_bias=bias and arch == "llama",
+            mlp_bias="blk.0.ffn_up.bias" in names,
+            tie_embeddings="output.weight" not in names,
+            dtype=_dtype_name(dtype or "float32"),
+            param_dtype=_dtype_name(dtype or "float32"),
+        )
+    except (TypeError, ValueError) as e:
+        raise GGUFError(f"{file}: metadata does not describe a valid model ({_brief(e)})") from e
+    return config, ARCHITECTURES[arch]
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face (Llama/Qwen2) name of a GGUF tensor, or None if it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (per head, pairs (i, i + hd/2) interleaved)."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_tensors(path: Path_, *, permute: bool = True):
+    """`(config, arch, iterator of (hf name, float32 array))` for a GGUF file.
+
+    Names, shapes and tensor types are all checked before the iterator is returned;
+    the iterator dequantizes one tensor per step. `permute=False` skips the q/k
+    un-permutation (only to show the tests catch it).
+    """
+    reader = open_gguf(path)
+    config, arch = config_from_gguf(reader)
+    shapes = {name: shape for name, shape, _ in _hf_entries(config, arch)}
+    tensors = _check_tensors(reader, shapes)
+    kv_heads = config.num_kv_heads
+    gguf_arch = field(reader, "general.architecture")
+
+    def read() -> Iterator[tuple[str, np.ndarray]]:
+        for hf_name, t in tensors:
+            w = _dequantize(reader, t).reshape(shapes[hf_name])
+            if permute and gguf_arch in _PERMUTED:
+                if ".q_proj." in hf_name:
+                    w = unpermute_rotary(w, config.num_heads)
+                elif ".k_proj." in hf_name:
+                    w = unpermute_rotary(w, kv_heads)
+            yield hf_name, w
+
+    return config, arch, read()
+
+
+def load_gguf_model(path: Path_, *, dtype=None) -> Transformer:
+    """Load a `.gguf` file as a `Transformer`, every tensor dequantized into `dtype`.
+
+    Args:
+        path: the GGUF file.
+        dtype: "float32" (default) or "bfloat16".
+
+    Raises:
+        FileNotFoundError: no such file.
+        GGUFError (a ValueError): unreadable or truncated file, unsupported architecture,
+            tensor type or rope scaling, missing/unexpected tensors or wrong shapes.
+    """
+    config, arch, tensors = hf_tensors(path)
+    config = config.replace(dtype=_dtype_name(dtype or "float32"))
+    config = config.replace(param_dtype=config.dtype)
+    converts = {name: convert for name, _, convert in _hf_entries(config, arch)}
+    return build_model(config, (converts[name](w) for name, w in tensors))
+
+
+def convert_gguf(path: Path_, out_dir: Path_) -> Path:
+    """Write a GGUF file as a Hugging Face directory (float32 weights).
+
+    Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
+    Everything is read and checked before anything is written: on error, `out_dir`
+    is left as it was. Returns `out_dir`.
+    """
+    from safetensors.numpy import save_file
+
+    from jax_specdec.gguf_tokenizer import load_gguf_tokenizer, special_token_ids
+
+    tokenizer = load_gguf_tokenizer(path)
+    config, arch, tensors = hf_tensors(path)
+    weights = {name: np.ascontiguousarray(w, dtype=np.float32) for name, w in tensors}
+    hf = config_to_hf(config)
+    if hf["architectures"] != [arch]:  # config_to_hf picks from the biases
+        raise GGUFError(f"{path}: cannot be written as {arch} (got {hf['architectures']})")
+    special = special_token_ids(open_gguf(path))
+    hf.update({f"{k}_token_id": v for k, v in special.items() if k in ("bos", "eos", "pad")})
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise GGUFError(f"output {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    tokenizer.save(str(out / "tokenizer.json"))
+    names = {k: tokenizer.id_to_token(v) for k, v in special.items()}
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    tok_config.update({f"{k}_token": v for k, v in names.items() if v is not None})
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    return out
+
+
+def _check_tensors(reader, shapes: dict[str, tuple[int, ...]]) -> list:
+    file = reader.data.filename
+    found, unexpected = {}, []
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None or name not in shapes:
+            unexpected.append(t.name)
+            continue
+        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first
+        if shape != shapes[name]:
+            raise GGUFError(f"{file}: tensor {t.name} has shape {shape}, expected {shapes[name]}")
+        if not _can_dequantize(t.tensor_type):
+            raise GGUFError(f"{file}: tensor {t.name} has unsupported type {t.tensor_type.name}")
+        found[name] = t
+    if unexpected:
+        raise GGUFError(f"{file}: unexpected tensors {', '.join(unexpected[:8])}")
+    missing = [n for n in shapes if n not in found]
+    if missing:
+        raise GGUFError(f"{file}: missing tensors {', '.join(missing[:8])}")
+    return [(name, found[name]) for name in shapes]
+
+
+def _can_dequantize(qtype) -> bool:
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    return qtype in (T.F32, T.F16) or qtype in quants._type_traits
+
+
+def _dequantize(reader, t) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    try:
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    except Exception as e:
+        raise GGUFError(f"{reader.data.filename}: tensor {t.name} is corrupt ({_brief(e)})") from e
+
+
+def _brief(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

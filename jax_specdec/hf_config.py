@@ -1,0 +1,240 @@
+"""Hugging Face `config.json` <-> `TransformerConfig`.
+
+`config_from_hf` reads LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and
+GPT2LMHeadModel configs (by `architectures`, or by `model_type` when `architectures`
+is missing or null, as transformers does); `config_to_hf` writes the inverse.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from jax_specdec.nn import TransformerConfig
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "MistralForCausalLM",
+    "GPT2LMHeadModel",
+)
+# model_type -> architecture, for configs without `architectures` (GGUF-loaded ones).
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+# --------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> TransformerConfig:
+    """Our `TransformerConfig` for a Hugging Face `config.json` dictionary.
+
+    Args:
+        hf: the parsed config.json.
+        dtype: "float32" or "bfloat16" for parameters and activations; None picks
+            bfloat16 when the checkpoint says so, float32 otherwise.
+    """
+    arch = _architecture(hf)
+    if dtype is None:
+        stored = hf.get("dtype") or hf.get("torch_dtype")
+        dtype = "bfloat16" if stored == "bfloat16" else "float32"
+    dtype = _dtype_name(dtype)
+
+    def need(key):
+        if key not in hf:
+            raise ValueError(f"config.json for {arch} lacks the field {key!r}")
+        return hf[key]
+
+    if arch == "GPT2LMHeadModel":
+        act = hf.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+            raise ValueError(
+                f"GPT-2 activation_function {act!r} is not supported (only the tanh GELU: "
+                "gelu_new, gelu_pytorch_tanh)"
+            )
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if hf.get(flag):
+                raise ValueError(f"GPT-2 option {flag}=true is not supported")
+        if hf.get("scale_attn_weights", True) is False:
+            raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
+        d = need("n_embd")
+        heads = need("n_head")
+        return TransformerConfig.gpt2(
+            vocab_size=need("vocab_size"),
+            d_model=d,
+            num_layers=need("n_layer"),
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=d // heads,
+            mlp_dim=hf.get("n_inner") or 4 * d,
+            max_len=need("n_positions"),
+            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            dtype=dtype,
+            param_dtype=dtype,
+        )
+
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"{arch} hidden_act {act!r} is not supported (only silu)")
+    d = need("hidden_size")
+    heads = need("num_attention_heads")
+    max_len = need("max_position_embeddings")
+    # Sliding-window attention equals full attention up to the window: cap the context.
+    window = hf.get("sliding_window")
+    uses_window = {
+        "MistralForCausalLM": window is not None,
+        "Qwen2ForCausalLM": bool(hf.get("use_sliding_window"))
+        or "sliding_attention" in (hf.get("layer_types") or ()),
+    }.get(arch, False)
+    if uses_window and window:
+        max_len = min(max_len, int(window))
+    if arch == "Qwen2ForCausalLM":
+        qkv_bias, out_bias, mlp_bias = True, False, False
+    else:
+        qkv_bias = out_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = bool(hf.get("mlp_bias", False))
+    return TransformerConfig.llama(
+        vocab_size=need("vocab_size"),
+        d_model=d,
+        num_layers=need("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or d // heads,
+        mlp_dim=need("intermediate_size"),
+        max_len=max_len,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(hf, arch),
+        qkv_bias=qkv_bias,
+        out_bias=out_bias,
+        mlp_bias=mlp_bias,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
+    """The Hugging Face `config.json` dictionary for one of our configs.
+
+    Llama-style models export as LlamaForCausalLM (Qwen2ForCausalLM when only q/k/v
+    have biases); GPT-2-style ones as GPT2LMHeadModel. Other combinations raise
+    ValueError.
+    """
+    c = config
+    if c.norm == "layer" and c.position == "learned" and c.mlp == "gelu":
+        if not (c.qkv_bias and c.out_bias and c.mlp_bias):
+            raise ValueError("GPT-2 export needs qkv_bias, out_bias and mlp_bias all true")
+        if c.num_kv_heads != c.num_heads or c.head_dim * c.num_heads != c.d_model:
+            raise ValueError(
+                "GPT-2 export needs num_kv_heads == num_heads and head_dim * num_heads == d_model"
+            )
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": c.vocab_size,
+            "n_embd": c.d_model,
+            "n_layer": c.num_layers,
+            "n_head": c.num_heads,
+            "n_inner": c.mlp_dim,
+            "n_positions": c.max_len,
+            "n_ctx": c.max_len,
+            "layer_norm_epsilon": c.norm_eps,
+            "activation_function": "gelu_new",
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "scale_attn_weights": True,
+            "tie_word_embeddings": c.tie_embeddings,
+            "dtype": c.param_dtype,
+        }
+    if not (c.norm == "rms" and c.position == "rope" and c.mlp == "swiglu"):
+        raise ValueError(
+            "only Llama-style (norm='rms', position='rope', mlp='swiglu') or GPT-2-style "
+            "(norm='layer', position='learned', mlp='gelu') configs can be exported, got "
+            f"norm={c.norm!r}, position={c.position!r}, mlp={c.mlp!r}"
+        )
+    common = {
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.mlp_dim,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_len,
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "hidden_act": "silu",
+        "tie_word_embeddings": c.tie_embeddings,
+        "attention_dropout": 0.0,
+        "dtype": c.param_dtype,
+    }
+    if c.qkv_bias and not c.out_bias and not c.mlp_bias:
+        if c.head_dim * c.num_heads != c.d_model:
+            raise ValueError("Qwen2 export needs head_dim * num_heads == d_model")
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "use_sliding_window": False,
+            "sliding_window": None,
+            **common,
+        }
+    if c.qkv_bias != c.out_bias:
+        raise ValueError(
+            "Llama export needs qkv_bias == out_bias (HF attention_bias covers both); "
+            "qkv_bias without out_bias exports as Qwen2 only without mlp_bias"
+        )
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": c.qkv_bias,
+        "mlp_bias": c.mlp_bias,
+        **common,
+    }
+
+
+def _architecture(hf: dict[str, Any]) -> str:
+    archs = hf.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    if not archs:
+        # transformers picks the class from model_type when architectures is absent or
+        # null (it writes null for GGUF-loaded models).
+        model_type = hf.get("model_type")
+        if model_type in _BY_MODEL_TYPE:
+            return _BY_MODEL_TYPE[model_type]
+        raise ValueError(
+            f"config.json has no architectures and an unsupported model_type {model_type!r}; "
+            f"supported model types: {', '.join(_BY_MODEL_TYPE)}"
+        )
+    raise ValueError(
+        f"unsupported architectures {archs!r} in config.json; supported: "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _rope_theta(hf: dict[str, Any], arch: str) -> float:
+    # transformers >= 5 writes rope_parameters; older versions rope_theta + rope_scaling.
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    for spec in (params, scaling):
+        kind = spec.get("rope_type", spec.get("type", "default"))
+        if kind != "default":
+            raise ValueError(
+                f"{arch} rope type {kind!r} is not supported (only the default rotary embedding)"
+            )
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _dtype_name(dtype) -> str:
+    name = jnp.dtype(dtype).name
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    return name
