@@ -69,7 +69,9 @@ def open_gguf(path: Path_):
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as e:  # the reader raises assorted errors on corrupt input
-        raise GGUFError(f"{path}: not a readable GGUF file ({_brief(e)})") from e
+        raise GGUFError(
+            f"{path}: not a readable GGUF file, truncated or corrupt ({_brief(e)})"
+        ) from e
 
 
 def field(reader, key: str, default: Any = ...) -> Any:
@@ -150,12 +152,11 @@ def unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_tensors(path: Path_, *, permute: bool = True):
+def hf_tensors(path: Path_):
     """`(config, arch, iterator of (hf name, float32 array))` for a GGUF file.
 
     Names, shapes and tensor types are all checked before the iterator is returned;
-    the iterator dequantizes one tensor per step. `permute=False` skips the q/k
-    un-permutation (only to show the tests catch it).
+    the iterator dequantizes one tensor per step.
     """
     reader = open_gguf(path)
     config, arch = config_from_gguf(reader)
@@ -167,7 +168,7 @@ def hf_tensors(path: Path_, *, permute: bool = True):
     def read() -> Iterator[tuple[str, np.ndarray]]:
         for hf_name, t in tensors:
             w = _dequantize(reader, t).reshape(shapes[hf_name])
-            if permute and gguf_arch in _PERMUTED:
+            if gguf_arch in _PERMUTED:
                 if ".q_proj." in hf_name:
                     w = unpermute_rotary(w, config.num_heads)
                 elif ".k_proj." in hf_name:

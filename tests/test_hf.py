@@ -218,6 +218,26 @@ def test_unsupported_architecture(llama_dir):
         load_model(llama_dir)
 
 
+@pytest.mark.parametrize("architectures", ["null", "missing", "empty"])
+def test_no_architectures_falls_back_on_model_type(llama_dir, architectures):
+    # transformers writes "architectures": null for GGUF-loaded models.
+    file = llama_dir / "config.json"
+    config = json.loads(file.read_text())
+    reference = load_model(llama_dir)
+    if architectures == "missing":
+        del config["architectures"]
+    else:
+        config["architectures"] = None if architectures == "null" else []
+    file.write_text(json.dumps(config))
+    model = load_model(llama_dir)
+    ids = jnp.asarray([[1, 2, 3]])
+    np.testing.assert_array_equal(np.asarray(model(ids)), np.asarray(reference(ids)))
+    config["model_type"] = "bert"
+    file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no architectures and an unsupported model_type 'bert'"):
+        load_model(llama_dir)
+
+
 def test_shape_mismatch_names_the_tensor(llama_dir):
     config = json.loads((llama_dir / "config.json").read_text())
     config["intermediate_size"] = 40
