@@ -4,21 +4,33 @@ from jax_specdec.acceptance import AcceptResult, accept
 from jax_specdec.decode import (
     GenerationOutput,
     GenerationStats,
+    Generator,
+    NGram,
+    Run,
     autoregressive_generate,
     speculative_generate,
 )
 from jax_specdec.exact import one_position, round_distribution
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
+from jax_specdec.schedules import Confidence, Constant, CostModel, Custom, Heuristic
 
 __all__ = [
     "AcceptResult",
+    "Confidence",
+    "Constant",
+    "CostModel",
+    "Custom",
     "GenerationOutput",
     "GenerationStats",
-    "autoregressive_generate",
-    "speculative_generate",
+    "Generator",
+    "Heuristic",
+    "NGram",
+    "Run",
     "SamplingConfig",
     "accept",
+    "autoregressive_generate",
     "one_position",
     "probs_from_logits",
     "round_distribution",
+    "speculative_generate",
 ]

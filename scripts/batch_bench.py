@@ -12,8 +12,9 @@ import pathlib
 import tempfile
 
 from jax_specdec.batch import make_generate, read_rows, run_job
-from jax_specdec.cli import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, _read_prompts
+from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
 from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
 
 
@@ -27,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)
     tokenizer = load_tokenizer(DEFAULT_TARGET)
-    prompts = _read_prompts(DEFAULT_PROMPTS)
+    prompts = read_prompts(DEFAULT_PROMPTS)
     work = pathlib.Path(tempfile.mkdtemp())
     inp = work / "in.jsonl"
     inp.write_text(
@@ -58,18 +59,24 @@ def main() -> None:
             results.append({"batch": batch, "mode": mode, **summary})
             print(batch, mode, f"{summary['tokens_per_second']:.0f} tokens/s", flush=True)
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print("| batch | speculative tokens/s | autoregressive tokens/s | ratio | α |")
-    print("|---|---|---|---|---|")
+    table = []
     for batch in sorted({r["batch"] for r in results}):
         spec, ar = (
             next(r for r in results if r["batch"] == batch and r["mode"] == m)
             for m in ("speculative", "autoregressive")
         )
-        print(
-            f"| {batch} | {spec['tokens_per_second']:.0f} | {ar['tokens_per_second']:.0f} "
-            f"| {spec['tokens_per_second'] / ar['tokens_per_second']:.2f} "
-            f"| {spec['alpha']:.3f} |"
+        ratio = spec["tokens_per_second"] / ar["tokens_per_second"]
+        table.append(
+            [
+                batch,
+                f"{spec['tokens_per_second']:.0f}",
+                f"{ar['tokens_per_second']:.0f}",
+                f"{ratio:.2f}",
+                f"{spec['alpha']:.3f}",
+            ]
         )
+    header = ["batch", "speculative tokens/s", "autoregressive tokens/s", "ratio", "α"]
+    print(markdown_table(header, table))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Speculative vs autoregressive decoding, side by side in one run.
 
-    python scripts/bench.py                      # DESIGN §7 shapes: 29M target, 0.8M draft
+    python scripts/bench.py                      # docs/bench.md shapes: 37.8M target, 1.05M draft
     python scripts/bench.py --preset tiny        # seconds, for a smoke test
     python scripts/bench.py --target models/x --draft models/y   # any HF model directories
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
 
     from flax import nnx
 
-    from jax_specdec.bench import markdown_table, run_benchmark
+    from jax_specdec.bench import markdown_report, run_benchmark
     from jax_specdec.nn import Transformer, TransformerConfig
     from jax_specdec.sampling import SamplingConfig
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
         target, draft = load_model(args.target), load_model(args.draft)
     elif args.preset == "design":
-        # Random at scale 0.02: near-uniform, similar distributions, so α is high (DESIGN §7).
+        # Random at scale 0.02: near-uniform, similar distributions, so α is high.
         target = Transformer(TransformerConfig.bench_target(), rngs=nnx.Rngs(0), init_scale=0.02)
         draft = Transformer(TransformerConfig.bench_draft(), rngs=nnx.Rngs(1), init_scale=0.02)
     else:
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     results["command"] = " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
-    table = markdown_table(results)
+    table = markdown_report(results)
     (args.out / "bench.md").write_text(table + "\n")
     print(table)
     return 0

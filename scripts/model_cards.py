@@ -17,10 +17,11 @@ import sys
 import jax
 import numpy as np
 
-from jax_specdec.bench import decode_step_time, expected_tokens_per_round, time_generations
+from jax_specdec.bench import decode_step_time, expected_tokens_per_round, measure
 from jax_specdec.data import stdlib_corpus
-from jax_specdec.decode import autoregressive_program, speculative_program
+from jax_specdec.decode import Generator
 from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.workflow import benchmark_prompts
 
@@ -32,29 +33,24 @@ MAX_NEW = 128
 
 
 def _speed(target, draft, prompts, sampling):
-    """Batch 1, each prompt alone: the autoregressive program and one speculative
-    program per γ, timed interleaved (`time_generations`). Returns the autoregressive
-    seconds (sum over prompts of medians) and per γ (seconds, α, tokens per round)."""
+    """Batch 1, each prompt alone: autoregressive decoding and one speculative run per γ,
+    timed interleaved (`measure`). Returns the autoregressive seconds (sum over prompts
+    of medians) and per γ (seconds, α, tokens per round)."""
     ar_t, spec_t = 0.0, np.zeros(len(GAMMAS))
     accepted, rejections, rounds, tokens = (np.zeros(len(GAMMAS), int) for _ in range(4))
+    generators = [Generator(target, sampling=sampling)]
+    generators += [Generator(target, draft, schedule=g, sampling=sampling) for g in GAMMAS]
     for ids in prompts:
-        common = dict(key=jax.random.key(0), max_new_tokens=MAX_NEW, sampling=sampling)
-        programs = [autoregressive_program(target, [ids], eos_token_id=None, **common)]
-        programs += [
-            speculative_program(
-                target, draft, [ids], num_draft_tokens=g, eos_token_id=None, **common
-            )
-            for g in GAMMAS
-        ]
-        timings, outs = time_generations(programs, 5)
-        ar_t += timings[0].median
-        for i, (timing, out) in enumerate(zip(timings[1:], outs[1:], strict=True)):
-            s = out.stats
-            spec_t[i] += timing.median
+        runs = [g.bind([ids], key=jax.random.key(0), max_new_tokens=MAX_NEW) for g in generators]
+        ar, *spec = measure(runs, 5)
+        ar_t += ar.seconds
+        for i, m in enumerate(spec):
+            s = m.stats
+            spec_t[i] += m.seconds
             accepted[i] += int(s.accepted.sum())
             rejections[i] += int(s.rejected.sum())
             rounds[i] += int(s.rounds.sum())
-            tokens[i] += int(out.lengths.sum()) - 1
+            tokens[i] += m.tokens - 1
         jax.clear_caches()
     alpha = accepted / np.maximum(accepted + rejections, 1)
     return ar_t, list(zip(spec_t, alpha, tokens / np.maximum(rounds, 1), strict=True))
@@ -120,28 +116,32 @@ def main() -> int:
     }
     (ROOT / "docs").mkdir(exist_ok=True)
     (ROOT / "docs" / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
-    table = [
-        "| γ | speedup | predicted | α | tokens/round | verify ms | round parts ms |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        table.append(
-            f"| {r['gamma']} | {r['speedup']:.2f} | {r['predicted_speedup']:.2f} "
-            f"| {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['verify_ms']:.2f} "
-            f"| {r['round_parts_ms']:.2f} |"
-        )
-    alpha_table = ["| draft | α greedy | α temperature 1 |", "|---|---|---|"]
+    speed_md = markdown_table(
+        ["γ", "speedup", "predicted", "α", "tokens/round", "verify ms", "round parts ms"],
+        [
+            [
+                r["gamma"],
+                f"{r['speedup']:.2f}",
+                f"{r['predicted_speedup']:.2f}",
+                f"{r['alpha']:.3f}",
+                f"{r['tokens_per_round']:.2f}",
+                f"{r['verify_ms']:.2f}",
+                f"{r['round_parts_ms']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+    alphas = []
     for label, key in (("before distillation", "alpha_before"), ("after", "alpha_after")):
         a = {x["temperature"]: x["alpha"] for x in d_info[key]}
-        alpha_table.append(f"| {label} | {a[0.0]:.3f} | {a[1.0]:.3f} |")
-    speed_md = "\n".join(table)
-    alpha_md = "\n".join(alpha_table)
+        alphas.append([label, f"{a[0.0]:.3f}", f"{a[1.0]:.3f}"])
+    alpha_md = markdown_table(["draft", "α greedy", "α temperature 1"], alphas)
     (ROOT / "docs" / "shipped_pair.md").write_text(
         f"# The shipped pair, measured\n\nGreedy, batch 1, {NUM_PROMPTS} prompts from "
         f"`models/prompts.txt`, {MAX_NEW} new tokens each; target decode step "
         f"{1e3 * target_step:.2f} ms, draft step {1e3 * draft_step:.3f} ms "
         f"({target_step / draft_step:.1f}x cheaper). Autoregressive and speculative "
-        "programs are timed interleaved, medians of 5 runs.\n\n{speed_md}\n\n{alpha_md}\n\n"
+        f"programs are timed interleaved, medians of 5 runs.\n\n{speed_md}\n\n{alpha_md}\n\n"
         "Reproduce: `python scripts/model_cards.py`.\n"
     )
     corpus_line = (

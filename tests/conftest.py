@@ -1,7 +1,9 @@
-"""Shared fixtures: a tiny target/draft pair saved as model directories."""
+"""Shared fixtures: the tiny target and draft of the loop tests, and a tiny pair saved as
+model directories. Shared functions live in helpers.py."""
 
 import pytest
 from flax import nnx
+from helpers import make_draft, make_model
 
 from jax_specdec.data import stdlib_corpus, train_tokenizer
 from jax_specdec.hf import save_model
@@ -24,3 +26,14 @@ def pair(tmp_path_factory):
     other = train_tokenizer(corpus.read(corpus.train[10:20]), 300)
     save_model(draft, root / "other", tokenizer=other)
     return root
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The target of the enumerated exactness tests (vocabulary 6)."""
+    return make_model(0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return make_draft()

@@ -25,7 +25,7 @@ from jax_specdec import SamplingConfig, speculative_generate  # noqa: E402
 
 
 def generate(mesh):
-    from test_decode import make_model, ragged_prompts
+    from helpers import make_model, ragged_prompts
 
     target = make_model(10, vocab=32, scale=0.3, num_kv_heads=4)
     draft = make_model(11, vocab=32, scale=0.3, num_layers=1, num_kv_heads=4)

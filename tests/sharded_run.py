@@ -20,14 +20,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate  # noqa: E402
-from jax_specdec.decode import speculative_program  # noqa: E402
+from jax_specdec.decode import Generator  # noqa: E402
 from jax_specdec.schedules import Heuristic  # noqa: E402
 
 MESHES = [(8, 1), (4, 2), (2, 4)]
 
 
 def equality():
-    from test_decode import make_model, ragged_prompts
+    from helpers import make_model, ragged_prompts
 
     target = make_model(10, vocab=32, scale=0.3, num_kv_heads=4)
     draft = make_model(11, vocab=32, scale=0.3, num_layers=1, num_kv_heads=4)
@@ -90,15 +90,15 @@ def equality():
             entry[name] = bool(np.array_equal(tokens, reference[name]))
             entry[f"{name}_seconds"] = time.perf_counter() - start
         entry["output_sharding"] = str(out.tokens.sharding.spec)
-        program = speculative_program(
-            target, draft, prompts, key=keys, max_new_tokens=4, num_draft_tokens=2, mesh=mesh
+        run = Generator(target, draft, schedule=2, mesh=mesh).bind(
+            prompts, key=keys, max_new_tokens=4
         )
-        state = program.args[1]
+        state = run.args.target_state
         q = state["blocks"][0]["attn"]["q"]["kernel"][...]
         down = state["blocks"][0]["mlp"]["down"]["kernel"][...]
         entry["q_kernel"] = [list(q.shape), list(q.addressable_shards[0].data.shape)]
         entry["down_kernel"] = [list(down.shape), list(down.addressable_shards[0].data.shape)]
-        entry["prompt_rows_per_device"] = program.args[4].addressable_shards[0].data.shape[0]
+        entry["prompt_rows_per_device"] = run.args.prompts.addressable_shards[0].data.shape[0]
         result["meshes"][str(shape)] = entry
     # A checkpoint restored by orbax straight into the (4, 2) layout.
     import tempfile
@@ -140,7 +140,7 @@ def equality():
 
 
 def exactness():
-    from test_decode import (
+    from helpers import (
         PROMPTS,
         chi_square_pvalue,
         exact_sequence_probs,

@@ -1,43 +1,24 @@
 """The compiled loops: greedy equality, exactness by enumeration, keys, compilation, bad input."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from scipy import stats
+from helpers import (
+    PROMPTS,
+    VOCAB,
+    chi_square_pvalue,
+    copies_outside_entry,
+    count_compiles,
+    exact_sequence_probs,
+    make_model,
+    ragged_prompts,
+    sample_sequences,
+    wrong_accept,
+)
 
-import jax_specdec.decode as decode_module
-from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.acceptance import AcceptResult
-from jax_specdec.nn import Transformer, TransformerConfig
-from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
-
-VOCAB = 6
-
-
-def make_model(seed, vocab=VOCAB, scale=0.2, **overrides):
-    return Transformer(
-        TransformerConfig.tiny(vocab_size=vocab, **overrides), rngs=nnx.Rngs(seed), init_scale=scale
-    )
-
-
-@pytest.fixture(scope="module")
-def target():
-    return make_model(0)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return make_model(1, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32)
-
-
-def ragged_prompts(num, vocab, seed=0, max_len=9):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab, size=rng.integers(1, max_len)).tolist() for _ in range(num)]
-
+import jax_specdec.decode.verify as verify_module
+from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
 
 # ---------------------------------------------------------------- greedy equality
 
@@ -96,46 +77,6 @@ def test_draft_identical_to_target_accepts_everything(target):
 # ---------------------------------------------------------------- exactness
 
 
-def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
-    """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS)."""
-    conts = np.array(list(itertools.product(range(VOCAB), repeat=depth)), np.int32)
-    tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
-    probs = np.asarray(probs_from_logits(target(jnp.asarray(tokens)), sampling), np.float64)
-    start = len(prompt) - 1
-    result = {}
-    for i, cont in enumerate(conts):
-        prob, seq = 1.0, ()
-        for j, tok in enumerate(cont):
-            prob *= probs[i, start + j, tok]
-            seq += (int(tok),)
-            if tok == eos:
-                break
-        result[seq] = result.get(seq, 0.0) + prob if len(seq) < depth else prob
-    # Sequences cut by EOS were added once per continuation after the EOS: divide out.
-    for seq in list(result):
-        if len(seq) < depth:
-            result[seq] /= VOCAB ** (depth - len(seq))
-    return {seq: prob for seq, prob in result.items() if prob > 0}
-
-
-def chi_square_pvalue(samples, exact):
-    keys = sorted(exact)
-    index = {k: i for i, k in enumerate(keys)}
-    counts = np.zeros(len(keys))
-    for seq in samples:
-        assert seq in index, f"emitted an impossible sequence {seq}"
-        counts[index[seq]] += 1
-    expected = np.array([exact[k] for k in keys]) * len(samples)
-    # Pool rare outcomes so every bin expects >= 5.
-    small = expected < 5
-    if small.any():
-        counts = np.append(counts[~small], counts[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    return stats.chisquare(counts, expected * counts.sum() / expected.sum()).pvalue
-
-
-NUM_SAMPLES = 100_000
-PROMPTS = ([2, 5], [1, 0, 3, 4])  # ragged: rows alternate between the two
 SETTINGS = {
     "t1_g1": (SamplingConfig(1.0), 1, None),
     "t0.6_g2": (SamplingConfig(0.6), 2, None),
@@ -144,26 +85,6 @@ SETTINGS = {
     "t0.6_topk4_topp0.9_g4_eos": (SamplingConfig(0.6, top_k=4, top_p=0.9), 4, 2),
     "t1_g2_eos": (SamplingConfig(1.0), 2, 2),
 }
-
-
-def sample_sequences(target, draft, sampling, gamma, eos, seed, **kwargs):
-    """NUM_SAMPLES rows alternating between the two PROMPTS; kwargs go to the loop
-    (gamma=None and schedule=... for a dynamic schedule)."""
-    prompts = [PROMPTS[b % 2] for b in range(NUM_SAMPLES)]
-    out = speculative_generate(
-        target,
-        draft,
-        prompts,
-        key=jax.random.key(seed),
-        max_new_tokens=3,
-        num_draft_tokens=gamma,
-        sampling=sampling,
-        eos_token_id=eos,
-        **kwargs,
-    )
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(NUM_SAMPLES)]
-    return seqs, out.stats
 
 
 @pytest.mark.slow
@@ -183,23 +104,10 @@ def test_speculative_samples_follow_the_target(target, draft, name):
         assert pvalue > 1e-3
 
 
-def wrong_accept(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
-    """Resamples a rejection from plain p instead of the residual: not exact."""
-
-    def row(u, x, q, p, k):
-        at = jnp.arange(x.size)
-        passed = (u * q[at, x] < p[at, x]) & (at < k)
-        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
-
-    n = jax.vmap(row)(uniforms, draft_tokens, draft_probs, target_probs, num_drafted)
-    p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
-    return AcceptResult(n, sample_with_uniforms(draws, p_next))
-
-
 @pytest.mark.slow
 def test_wrong_acceptance_rule_fails_the_same_test(target, draft, monkeypatch):
     jax.clear_caches()
-    monkeypatch.setattr(decode_module, "accept_with_noise", wrong_accept)
+    monkeypatch.setattr(verify_module, "accept_with_noise", wrong_accept)
     sampling, gamma, eos = SETTINGS["t1_g1"]
     seqs, _ = sample_sequences(target, draft, sampling, gamma, eos, seed=0)
     jax.clear_caches()
@@ -245,15 +153,16 @@ def test_array_prompts_with_lengths_equal_list_prompts(target, draft):
 
 def test_no_recompilation_on_second_call(target, draft):
     prompts = ragged_prompts(4, VOCAB, seed=8)
-    kwargs = dict(max_new_tokens=9, num_draft_tokens=3)
-    speculative_generate(target, draft, prompts, key=jax.random.key(0), **kwargs)
-    size = decode_module._generate_program._cache_size()
     other = [[(t + 1) % VOCAB for t in p] for p in prompts]  # same shapes, other values
-    speculative_generate(target, draft, other, key=jax.random.key(1), **kwargs)
-    autoregressive_generate(target, prompts, key=jax.random.key(0), max_new_tokens=9)
-    size_ar = decode_module._generate_program._cache_size()
-    autoregressive_generate(target, other, key=jax.random.key(5), max_new_tokens=9)
-    assert decode_module._generate_program._cache_size() == size_ar == size + 1
+    kwargs = dict(max_new_tokens=9, num_draft_tokens=3)
+    with count_compiles() as first:
+        speculative_generate(target, draft, prompts, key=jax.random.key(0), **kwargs)
+        autoregressive_generate(target, prompts, key=jax.random.key(0), max_new_tokens=9)
+    assert first[0] >= 2  # the counter sees both programs compile
+    with count_compiles() as second:
+        speculative_generate(target, draft, other, key=jax.random.key(1), **kwargs)
+        autoregressive_generate(target, other, key=jax.random.key(5), max_new_tokens=9)
+    assert second[0] == 0
 
 
 def test_budget_and_frozen_rows(target, draft):
@@ -324,38 +233,14 @@ def test_nonfinite_logits_are_reported(target, draft):
         autoregressive_generate(broken, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)
 
 
-def _copies_outside_entry(hlo: str, shape: str) -> int:
-    """Copies of arrays of `shape` in any computation but the entry (loop bodies etc.)."""
-    count, in_entry = 0, False
-    for line in hlo.splitlines():
-        if line and not line.startswith(" "):
-            in_entry = line.startswith("ENTRY")
-        if (
-            not in_entry
-            and f"{shape}" in line
-            and " copy(" in line
-            and line.strip().startswith("%")
-        ):
-            count += 1
-    return count
-
-
 @pytest.mark.parametrize("speculative", [True, False])
 def test_compiled_loop_does_not_copy_caches(target, draft, speculative):
-    prompts = [[1, 2, 3], [4]]
-    if speculative:
-        program = decode_module.speculative_program(
-            target, draft, prompts, key=jax.random.key(0), max_new_tokens=8, num_draft_tokens=3
-        )
-    else:
-        program = decode_module.autoregressive_program(
-            target, prompts, key=jax.random.key(0), max_new_tokens=8
-        )
-    hlo = program.func.lower(*program.args, **program.keywords).compile().as_text()
+    generator = Generator(target, draft, schedule=3) if speculative else Generator(target)
+    run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
+    hlo = run.lower().compile().as_text()
     assert "while" in hlo  # one program: the loop over rounds is inside it
-    cache_len = program.keywords["cache_len"]
     for model in [target, draft] if speculative else [target]:
         c = model.config
-        shape = f"f32[2,{c.num_kv_heads},{cache_len},{c.head_dim}]"
+        shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
         assert shape in hlo
-        assert _copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+        assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"

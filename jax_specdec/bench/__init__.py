@@ -1,0 +1,35 @@
+"""Measurement: timing (`bench.timing`) and the speculative-vs-autoregressive benchmark
+(`bench.benchmark`). Cost-model calibration lives beside the schedules it calibrates
+(`jax_specdec.schedules.calibrate`)."""
+
+from jax_specdec.bench.benchmark import (
+    expected_tokens_per_round,
+    markdown_report,
+    predicted_speedup,
+    run_benchmark,
+)
+from jax_specdec.bench.timing import (
+    Measurement,
+    Timing,
+    bare_matmul_time,
+    decode_step_time,
+    measure,
+    peak_rss_mib,
+    time_call,
+    time_interleaved,
+)
+
+__all__ = [
+    "Measurement",
+    "Timing",
+    "bare_matmul_time",
+    "decode_step_time",
+    "expected_tokens_per_round",
+    "markdown_report",
+    "measure",
+    "peak_rss_mib",
+    "predicted_speedup",
+    "run_benchmark",
+    "time_call",
+    "time_interleaved",
+]

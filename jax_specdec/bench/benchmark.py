@@ -1,0 +1,269 @@
+"""The benchmark: speculative vs autoregressive decoding of the same target, side by side,
+with the parts of a round measured apart and the cost-model prediction next to each
+measurement (`python scripts/bench.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jax_specdec.bench.timing import (
+    Timing,
+    bare_matmul_time,
+    decode_step_time,
+    measure,
+    peak_rss_mib,
+    time_call,
+)
+from jax_specdec.nn import Transformer
+from jax_specdec.report import markdown_table
+
+__all__ = ["expected_tokens_per_round", "markdown_report", "predicted_speedup", "run_benchmark"]
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    """(1 - α^(γ+1)) / (1 - α): tokens per round with i.i.d. acceptance α (docs/design.md)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, *, round_time: float, target_step: float) -> float:
+    """Speculative vs autoregressive throughput predicted from measured parts.
+
+    A round (γ draft steps + one verify of γ+1 tokens, measured apart as `round_time`)
+    emits `expected_tokens_per_round(α, γ)` tokens; autoregressive decoding emits one
+    token per `target_step`.
+    """
+    return expected_tokens_per_round(alpha, gamma) * target_step / round_time
+
+
+def _parts(target, draft, *, batch, prompt_len, context, cache_len, repeats) -> dict[str, Timing]:
+    """The parts of a round and of the loop, each timed apart."""
+
+    def step(model, tokens, at=context, steps=16):
+        return decode_step_time(
+            model,
+            batch=batch,
+            tokens_per_call=tokens,
+            context=at,
+            cache_len=cache_len,
+            steps=steps,
+            repeats=repeats,
+        )
+
+    return {
+        "target_step": step(target, 1),
+        "draft_step": step(draft, 1),
+        "draft_first_step": step(draft, 2),
+        "target_prefill": step(target, prompt_len, at=0, steps=2),
+        "draft_prefill": step(draft, prompt_len, at=0, steps=2),
+        "target_bare_matmul": bare_matmul_time(target, batch=batch, repeats=repeats),
+        "draft_bare_matmul": bare_matmul_time(draft, batch=batch, repeats=repeats),
+    }
+
+
+def _baseline_row(batch, measured, parts, public: Timing) -> dict:
+    loop_rounds = int(measured.stats.target_calls) - 1
+    ar_step = (measured.seconds - parts["target_prefill"].median) / loop_rounds
+    return {
+        "batch": batch,
+        "gamma": 0,
+        "seconds": measured.seconds,
+        "compile_seconds": measured.timing.compile,
+        "ms_per_token": 1e3 * measured.seconds / measured.tokens,
+        "loop_step_ms": 1e3 * ar_step,
+        "host_overhead_ms": 1e3 * (public.median - measured.seconds),
+        "parts_ms": {k: 1e3 * v.median for k, v in parts.items()},
+        "loop_step_over_bare_matmul": ar_step / parts["target_bare_matmul"].median,
+        "standalone_step_over_bare_matmul": parts["target_step"].median
+        / parts["target_bare_matmul"].median,
+    }
+
+
+def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: Timing) -> dict:
+    stats = measured.stats
+    alpha = stats.alpha
+    prefill = parts["target_prefill"].median + parts["draft_prefill"].median
+    round_measured = (measured.seconds - prefill) / (int(stats.target_calls) - 1)
+    round_parts = (
+        parts["draft_first_step"].median + (gamma - 1) * parts["draft_step"].median + verify.median
+    )
+    predicted = predicted_speedup(
+        alpha, gamma, round_time=round_parts, target_step=parts["target_step"].median
+    )
+    speedup = baseline["seconds"] / measured.seconds
+    return {
+        "batch": batch,
+        "gamma": gamma,
+        "seconds": measured.seconds,
+        "compile_seconds": measured.timing.compile,
+        "ms_per_token": 1e3 * measured.seconds / measured.tokens,
+        "alpha": alpha,
+        "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_round": stats.tokens_per_round(measured.output.lengths),
+        "expected_tokens_per_round": expected_tokens_per_round(alpha, gamma),
+        "verify_ms": 1e3 * verify.median,
+        "round_ms": 1e3 * round_measured,
+        "round_parts_ms": 1e3 * round_parts,
+        "round_over_parts": round_measured / round_parts,
+        "speedup": speedup,
+        "predicted_speedup": predicted,
+        "measured_over_predicted": speedup / predicted,
+    }
+
+
+def run_benchmark(
+    target: Transformer,
+    draft: Transformer,
+    *,
+    batches=(1, 8, 32),
+    gammas=(1, 2, 4, 8),
+    prompt_len: int = 32,
+    max_new_tokens: int = 64,
+    sampling=None,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Speculative vs autoregressive decoding of the same target, side by side.
+
+    For each batch size: the autoregressive baseline and each γ's speculative loop,
+    timed interleaved (`measure`); the parts (target decode step, draft steps, verify
+    of γ+1 tokens, prefills, the bare-matmul floor); each γ's measured α, round time
+    and predicted vs measured speedup. `sampling` defaults to temperature 1. Returns a
+    JSON-able dict.
+    """
+    from tqdm.auto import tqdm
+
+    from jax_specdec.decode import Generator
+    from jax_specdec.sampling import SamplingConfig
+
+    sampling = SamplingConfig(1.0) if sampling is None else sampling
+    context = prompt_len + max_new_tokens // 2
+    cache_len = prompt_len + max_new_tokens + max(gammas)
+    results = {
+        "target": dataclasses.asdict(target.config),
+        "draft": dataclasses.asdict(draft.config),
+        "sampling": dataclasses.asdict(sampling),
+        "prompt_len": prompt_len,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "rows": [],
+    }
+    generators = [Generator(target, sampling=sampling)]
+    generators += [Generator(target, draft, schedule=g, sampling=sampling) for g in gammas]
+    for batch in tqdm(batches, desc="bench", disable=not progress):
+        rng = np.random.default_rng(seed + batch)
+        prompts = rng.integers(0, target.config.vocab_size, (batch, prompt_len)).astype(np.int32)
+        key = jax.random.key(seed)
+        runs = [g.bind(prompts, key=key, max_new_tokens=max_new_tokens) for g in generators]
+        measured = measure(runs, repeats)
+        parts = _parts(
+            target,
+            draft,
+            batch=batch,
+            prompt_len=prompt_len,
+            context=context,
+            cache_len=cache_len,
+            repeats=repeats,
+        )
+        public = time_call(
+            lambda p=prompts, k=key: generators[0](p, key=k, max_new_tokens=max_new_tokens).tokens,
+            repeats,
+        )
+        baseline = _baseline_row(batch, measured[0], parts, public)
+        results["rows"].append(baseline)
+        for gamma, m in zip(gammas, measured[1:], strict=True):
+            verify = decode_step_time(
+                target,
+                batch=batch,
+                tokens_per_call=gamma + 1,
+                context=context,
+                cache_len=cache_len,
+                repeats=repeats,
+            )
+            results["rows"].append(_speculative_row(batch, gamma, m, baseline, parts, verify))
+    results["peak_rss_mib"] = peak_rss_mib()
+    if jax.default_backend() != "cpu":
+        stats = jax.devices()[0].memory_stats() or {}
+        results["peak_device_mib"] = stats.get("peak_bytes_in_use", 0) / 2**20
+    return results
+
+
+def markdown_report(results: dict) -> str:
+    """The benchmark results as two markdown tables: the runs, and the step parts."""
+    runs, parts = [], []
+    for r in results["rows"]:
+        if r["gamma"] == 0:
+            p = r["parts_ms"]
+            runs.append(
+                [
+                    r["batch"],
+                    "AR",
+                    f"{r['ms_per_token']:.2f}",
+                    "1.00",
+                    "",
+                    "",
+                    "",
+                    "1",
+                    f"{r['loop_step_ms']:.2f}",
+                    f"{p['target_step']:.2f}",
+                    f"{r['loop_step_ms'] / p['target_step']:.2f}",
+                    f"{r['compile_seconds']:.1f}",
+                ]
+            )
+            parts.append(
+                [
+                    r["batch"],
+                    f"{p['target_step']:.2f}",
+                    f"{p['draft_step']:.2f}",
+                    f"{p['target_bare_matmul']:.2f}",
+                    f"{r['loop_step_over_bare_matmul']:.2f}",
+                    f"{r['standalone_step_over_bare_matmul']:.2f}",
+                ]
+            )
+            continue
+        runs.append(
+            [
+                r["batch"],
+                r["gamma"],
+                f"{r['ms_per_token']:.2f}",
+                f"{r['speedup']:.2f}",
+                f"{r['predicted_speedup']:.2f}",
+                f"{r['measured_over_predicted']:.2f}",
+                f"{r['alpha']:.3f}",
+                f"{r['tokens_per_round']:.2f}",
+                f"{r['round_ms']:.2f}",
+                f"{r['round_parts_ms']:.2f}",
+                f"{r['round_over_parts']:.2f}",
+                f"{r['compile_seconds']:.1f}",
+            ]
+        )
+    run_header = [
+        "batch",
+        "γ",
+        "ms/token",
+        "speedup",
+        "predicted",
+        "measured/predicted",
+        "α",
+        "tokens/round",
+        "round ms",
+        "parts ms",
+        "round/parts",
+        "compile s",
+    ]
+    part_header = [
+        "batch",
+        "target step ms",
+        "draft step ms",
+        "target bare matmul ms",
+        "AR loop step / bare matmul",
+        "standalone step / bare matmul",
+    ]
+    return markdown_table(run_header, runs) + "\n\n" + markdown_table(part_header, parts)

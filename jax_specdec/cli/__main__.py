@@ -1,0 +1,5 @@
+import sys
+
+from jax_specdec.cli import main
+
+sys.exit(main())

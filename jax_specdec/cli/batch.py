@@ -1,0 +1,146 @@
+"""`jax-specdec batch`: a resumable JSONL generation job (one result line per input row)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from jax_specdec.cli import common
+
+
+def add_parser(sub) -> None:
+    job = sub.add_parser(
+        "batch",
+        help="a resumable JSONL generation job (one result line per input row)",
+        description="Input lines: {id, prompt | tokens, [seed, temperature, top_k, top_p, "
+        "max_new_tokens]}. Output lines: {id, seed, tokens, text, stats}. A restarted job "
+        "skips finished ids; a row depends only on the job seed and its id (or its seed).",
+    )
+    job.add_argument("--input", required=True, help="JSONL prompts")
+    job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")
+    job.add_argument("--target", default=common.DEFAULT_TARGET, help="target model directory")
+    job.add_argument("--draft", default=common.DEFAULT_DRAFT, help="draft model directory")
+    job.add_argument("--batch-size", type=int, default=8)
+    job.add_argument("--seed", type=int, default=0, help="job seed (rows without their own)")
+    job.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    job.add_argument("--max-new-tokens", type=int, default=128)
+    common.add_sampling_flags(job)
+    job.add_argument(
+        "--on-error",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a malformed input line stops the job (default) or is skipped and listed",
+    )
+    job.add_argument("--errors", help="where skipped lines go (default <output>.errors.jsonl)")
+    job.add_argument(
+        "--autoregressive", action="store_true", help="plain decoding of the target (baseline)"
+    )
+    job.add_argument(
+        "--mesh",
+        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices)",
+    )
+    job.set_defaults(handler=run, parser=job)
+
+
+def _load(args):
+    """(target, draft, tokenizer, eos, rows, errors), every flag checked."""
+    from jax_specdec.batch import read_rows
+
+    for flag, value in (
+        ("--batch-size", args.batch_size),
+        ("--num-draft-tokens", args.num_draft_tokens),
+        ("--max-new-tokens", args.max_new_tokens),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not 0 <= args.seed < 2**63:
+        raise ValueError(f"--seed must lie in [0, 2**63), got {args.seed}")
+    sampling = common.sampling(args)
+    if not pathlib.Path(args.input).is_file():
+        raise ValueError(f"--input: {args.input} is not a file")
+    target, draft, tokenizer = common.load_pair(args)
+    eos = common.eos(args.eos, tokenizer)
+    rows, errors = read_rows(
+        args.input,
+        tokenizer=tokenizer,
+        vocab_size=target.config.vocab_size,
+        job_seed=args.seed,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+        on_error=args.on_error,
+    )
+    return target, draft, tokenizer, eos, rows, errors
+
+
+def _mesh(text: str | None):
+    import jax
+
+    if text is None:
+        return None
+    try:
+        data, model = (int(x) for x in text.lower().split("x"))
+        return jax.make_mesh((data, model), ("data", "model"))
+    except ValueError as e:
+        raise ValueError(
+            f"--mesh must be DATAxMODEL with {jax.device_count()} devices in all, "
+            f"got {text!r} ({e})"
+        ) from None
+
+
+def _job(args, eos) -> dict:
+    """What identifies the job: compared on restart."""
+    from jax_specdec.batch import model_identity
+
+    sampling = common.sampling(args)
+    speculative = not args.autoregressive
+    return {
+        "mode": "speculative" if speculative else "autoregressive",
+        "target": model_identity(args.target),
+        "draft": model_identity(args.draft) if speculative else None,
+        "seed": args.seed,
+        "num_draft_tokens": args.num_draft_tokens if speculative else None,
+        "defaults": {
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "max_new_tokens": args.max_new_tokens,
+            "eos_token_id": eos,
+        },
+    }
+
+
+def run(args, parser) -> int:
+    from jax_specdec.batch import JobError, make_generate, run_job
+
+    try:
+        target, draft, tokenizer, eos, rows, errors = _load(args)
+        mesh = _mesh(args.mesh)
+    except (ValueError, OSError) as e:
+        common.fail(parser, e)
+    output = pathlib.Path(args.output)
+    if errors:
+        errors_path = pathlib.Path(args.errors or f"{output}.errors.jsonl")
+        errors_path.write_text("".join(json.dumps(e) + "\n" for e in errors))
+        print(f"skipped {len(errors)} bad line(s), listed in {errors_path}", file=sys.stderr)
+    generate = make_generate(
+        target,
+        None if args.autoregressive else draft,
+        eos_token_id=eos,
+        num_draft_tokens=args.num_draft_tokens,
+        mesh=mesh,
+    )
+    try:
+        summary = run_job(
+            rows,
+            output,
+            generate=generate,
+            job=_job(args, eos),
+            batch_size=args.batch_size,
+            detokenize=tokenizer.decode,
+        )
+    except (JobError, ValueError) as e:
+        common.fail(parser, e)
+    summary["bad_lines"] = len(errors)
+    print(json.dumps(summary, indent=1))
+    return 0

@@ -1,0 +1,104 @@
+"""What the subcommands share: failing cleanly, model directories, sampling and prompt flags."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+
+DEFAULT_TARGET = "models/stdlib-target"
+DEFAULT_DRAFT = "models/stdlib-draft"
+DEFAULT_PROMPTS = "models/prompts.txt"
+
+
+def fail(parser: argparse.ArgumentParser, error: Exception):
+    """Bad input: one line on stderr, exit code 2, no traceback."""
+    print(f"{parser.prog}: error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+def ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers such as 1,8,32, got {text!r}"
+        ) from None
+
+
+def floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers such as 0,1, got {text!r}") from None
+
+
+def unescape(line: str) -> str:
+    """A prompt-file line: `\\n` is a newline, `\\\\` a backslash."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
+
+
+def read_prompts(path: str) -> list[str]:
+    """One prompt per non-empty line of `path`, with `\\n` escapes."""
+    with open(path, encoding="utf-8") as f:
+        prompts = [unescape(line.rstrip("\n")) for line in f if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def model_dir(text: str, which: str) -> pathlib.Path:
+    """Resolves a model directory: as given, else relative to the installed checkout."""
+    path = pathlib.Path(text)
+    if not path.is_dir():
+        beside_package = pathlib.Path(__file__).resolve().parents[2] / text
+        if beside_package.is_dir():
+            path = beside_package
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--{which}: {text} is not a model directory (no config.json)")
+    return path
+
+
+def _tokenizer_text(directory: pathlib.Path) -> str | None:
+    file = directory / "tokenizer.json"
+    return file.read_text() if file.is_file() else None
+
+
+def load_pair(args):
+    """(target, draft, tokenizer) from --target and --draft; their tokenizers must agree."""
+    from jax_specdec.hf import load_model, load_tokenizer
+
+    target_dir = model_dir(args.target, "target")
+    draft_dir = model_dir(args.draft, "draft")
+    target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
+    if target_tok is None:
+        raise ValueError(f"--target: {target_dir} has no tokenizer.json")
+    if draft_tok is not None and draft_tok != target_tok:
+        raise ValueError(
+            f"the draft's tokenizer ({draft_dir}/tokenizer.json) differs from the target's"
+        )
+    return load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir)
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--eos", default="auto", help="'auto' (<|endoftext|>), 'none' or an id")
+
+
+def sampling(args):
+    from jax_specdec.sampling import SamplingConfig
+
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def eos(text: str, tokenizer) -> int | None:
+    if text == "auto":
+        return tokenizer.token_to_id("<|endoftext|>")
+    if text == "none":
+        return None
+    if not text.isdigit():
+        raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {text!r}")
+    return int(text)

@@ -1,0 +1,132 @@
+"""`jax-specdec generate`: speculative generation, optionally timed against autoregressive
+decoding of the same target."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from jax_specdec.cli import common
+
+
+def add_parser(sub) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="speculative generation with the shipped pair (or any HF model directories)",
+    )
+    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent")
+    gen.add_argument("--prompt-file", help="one prompt per line (\\n for newlines), a batch")
+    gen.add_argument("--target", default=common.DEFAULT_TARGET, help="target model directory")
+    gen.add_argument("--draft", default=common.DEFAULT_DRAFT, help="draft model directory")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    common.add_sampling_flags(gen)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run autoregressive decoding and print the speedup (medians of 3 runs, "
+        "interleaved, compilation apart)",
+    )
+    gen.add_argument("--json", action="store_true", help="machine-readable output")
+    gen.set_defaults(handler=run, parser=gen)
+
+
+def _prompts(args) -> list[str]:
+    if args.prompt_file is not None:
+        prompts = common.read_prompts(args.prompt_file)
+    elif args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        prompts = [sys.stdin.read()]
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("the prompt is empty")
+    return prompts
+
+
+def _generate(args, target, draft, ids, eos) -> dict:
+    """Runs (and with --compare, times) the speculative and autoregressive programs."""
+    import time
+
+    import jax
+
+    from jax_specdec.bench import measure
+    from jax_specdec.decode import Generator
+
+    settings = dict(sampling=common.sampling(args), eos_token_id=eos)
+    spec = Generator(target, draft, schedule=args.num_draft_tokens, **settings)
+    key = jax.random.key(args.seed)
+    run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
+    if not args.compare:
+        start = time.perf_counter()
+        out = jax.block_until_ready(run())
+        return {"out": out, "seconds": time.perf_counter() - start}
+    ar_run = Generator(target, **settings).bind(ids, key=key, max_new_tokens=args.max_new_tokens)
+    spec_m, ar_m = measure([run, ar_run], repeats=3)
+    return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m}
+
+
+def _summary(result: dict) -> dict:
+    import numpy as np
+
+    out, seconds = result["out"], result["seconds"]
+    lengths = np.asarray(out.lengths)
+    summary = {
+        "alpha": out.stats.alpha,
+        "acceptance_rate": out.stats.acceptance_rate,
+        "tokens_per_round": out.stats.tokens_per_round(out.lengths),
+        "generated_tokens": int(lengths.sum()),
+        "seconds": seconds,
+        "tokens_per_second": float(lengths.sum() / seconds),
+    }
+    if "ar" in result:
+        ar = result["ar"]
+        summary["autoregressive_seconds"] = ar.seconds
+        summary["speedup"] = ar.seconds / seconds
+        same = np.array_equal(np.asarray(ar.output.tokens), np.asarray(out.tokens))
+        summary["same_text_as_autoregressive"] = bool(same)
+    return summary
+
+
+def _print(args, prompts, texts, tokens, summary) -> None:
+    if args.json:
+        rows = [
+            {"prompt": p, "text": t, "tokens": ids}
+            for p, t, ids in zip(prompts, texts, tokens, strict=True)
+        ]
+        print(json.dumps({"outputs": rows, "stats": summary}, indent=2))
+        return
+    for prompt, text in zip(prompts, texts, strict=True):
+        print(prompt + text)
+        print("-" * 60)
+    compared = "speedup" in summary
+    line = (
+        f"α {summary['alpha']:.3f} · {summary['tokens_per_round']:.2f} tokens/round · "
+        f"{summary['generated_tokens']} tokens in {summary['seconds']:.2f} s "
+        f"({summary['tokens_per_second']:.1f} tokens/s"
+        + (", median of 3)" if compared else ", incl. compilation)")
+    )
+    if compared:
+        line += (
+            f" · autoregressive {summary['autoregressive_seconds']:.2f} s · "
+            f"speedup {summary['speedup']:.2f}x"
+        )
+    print(line, file=sys.stderr)
+
+
+def run(args, parser) -> int:
+    import numpy as np
+
+    try:
+        common.sampling(args)
+        prompts = _prompts(args)
+        target, draft, tokenizer = common.load_pair(args)
+        ids = [tokenizer.encode(p).ids for p in prompts]
+        result = _generate(args, target, draft, ids, common.eos(args.eos, tokenizer))
+    except (ValueError, OSError) as e:
+        common.fail(parser, e)
+    out = result["out"]
+    tokens = [np.asarray(out.tokens)[b, : int(n)].tolist() for b, n in enumerate(out.lengths)]
+    texts = [tokenizer.decode(t) for t in tokens]
+    _print(args, prompts, texts, tokens, _summary(result))
+    return 0

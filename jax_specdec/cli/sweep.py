@@ -1,0 +1,82 @@
+"""`jax-specdec sweep`: schedules × γ × temperature × batch on one pair; JSON, plots, table."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from jax_specdec.cli import common
+
+
+def add_parser(sub) -> None:
+    sw = sub.add_parser(
+        "sweep",
+        help="time draft-length schedules x γ x temperature x batch; JSON, plots, table",
+    )
+    sw.add_argument("--target", default=common.DEFAULT_TARGET, help="target model directory")
+    sw.add_argument("--draft", default=common.DEFAULT_DRAFT, help="draft model directory")
+    sw.add_argument(
+        "--prompts", default=common.DEFAULT_PROMPTS, help="one prompt per line (\\n escapes)"
+    )
+    sw.add_argument("--batches", type=common.ints, default=[1, 8, 32, 64])
+    sw.add_argument("--temperatures", type=common.floats, default=[0.0, 1.0])
+    sw.add_argument("--gammas", type=common.ints, default=[1, 2, 3, 4, 6], help="constant γ values")
+    sw.add_argument("--max-gamma", type=int, default=6, help="cap of the dynamic schedules")
+    sw.add_argument("--threshold", type=float, default=0.4, help="confidence threshold τ")
+    sw.add_argument("--max-new-tokens", type=int, default=64)
+    sw.add_argument("--repeats", type=int, default=3)
+    sw.add_argument(
+        "--min-rows", type=int, default=8, help="small batches run on several prompt groups"
+    )
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out", default="docs/sweep", help="output directory")
+    sw.set_defaults(handler=run, parser=sw)
+
+
+def _check(args) -> None:
+    if not args.batches or min(args.batches) < 1:
+        raise ValueError(f"--batches must be positive integers, got {args.batches}")
+    if not args.gammas or min(args.gammas) < 1:
+        raise ValueError(f"--gammas must be positive integers, got {args.gammas}")
+    if args.max_gamma < max(args.gammas):
+        raise ValueError(f"--max-gamma ({args.max_gamma}) < largest --gammas")
+    if not args.temperatures or min(args.temperatures) < 0:
+        raise ValueError(f"--temperatures must be >= 0, got {args.temperatures}")
+    if not 0.0 <= args.threshold <= 1.0:
+        raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.min_rows < 1:
+        raise ValueError("--max-new-tokens, --repeats and --min-rows must be >= 1")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("the sweep's plots need matplotlib: pip install -e '.[plot]'") from None
+
+
+def run(args, parser) -> int:
+    try:
+        _check(args)
+        prompts = common.read_prompts(args.prompts)
+        target, draft, tokenizer = common.load_pair(args)
+    except (ValueError, OSError) as e:
+        common.fail(parser, e)
+    from jax_specdec.sweep import markdown_summary, run_sweep, write_report
+
+    results = run_sweep(
+        target,
+        draft,
+        [tokenizer.encode(p).ids for p in prompts],
+        batches=args.batches,
+        temperatures=args.temperatures,
+        gammas=args.gammas,
+        max_gamma=args.max_gamma,
+        max_new_tokens=args.max_new_tokens,
+        threshold=args.threshold,
+        repeats=args.repeats,
+        seed=args.seed,
+        min_rows=args.min_rows,
+    )
+    results["models"] = {"target": str(args.target), "draft": str(args.draft)}
+    paths = write_report(results, pathlib.Path(args.out))
+    print(markdown_summary(results))
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0

@@ -1,0 +1,41 @@
+"""The generation loop, as one compiled XLA program per call.
+
+The modules, in the order a round runs through them:
+
+- `api`: `Generator` (models, drafter, schedule, sampling; validated once), its bound
+  call `Run`, and the one-call forms `speculative_generate`, `autoregressive_generate`.
+- `request`: host-side input checks; prompts, keys and budget become a `Request`.
+- `config`: `LoopConfig`, the program's one static argument.
+- `program`: prefill, then a `lax.while_loop` over rounds under one `jax.jit`.
+- `state`: `LoopState`, the loop's carry, and its updates (emitting tokens, counters).
+- `noise`: each round's randomness from the rows' own keys.
+- `round`: a speculative round (schedule → drafter → verify → cache writes) or a
+  plain target step.
+- `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`) and
+  `ngram` (`NGram`) implement it.
+- `verify`: the target scores the proposal; the acceptance step decides.
+- `stats`: `GenerationOutput` and `GenerationStats`.
+"""
+
+from jax_specdec.decode.api import Generator, Run, autoregressive_generate, speculative_generate
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.draft_model import DraftModel, EarlyExit
+from jax_specdec.decode.drafter import Drafter, DraftInputs, Proposal
+from jax_specdec.decode.ngram import NGram
+from jax_specdec.decode.stats import GenerationOutput, GenerationStats
+
+__all__ = [
+    "DraftInputs",
+    "DraftModel",
+    "Drafter",
+    "EarlyExit",
+    "GenerationOutput",
+    "GenerationStats",
+    "Generator",
+    "LoopConfig",
+    "NGram",
+    "Proposal",
+    "Run",
+    "autoregressive_generate",
+    "speculative_generate",
+]

@@ -1,0 +1,322 @@
+"""The public API: a `Generator` (models, drafter, schedule and sampling, validated once),
+its bound calls (`Run`), and the one-call forms `speculative_generate` and
+`autoregressive_generate`."""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jax_specdec.decode import program
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.draft_model import DraftModel, EarlyExit
+from jax_specdec.decode.ngram import NGram
+from jax_specdec.decode.request import Request, check_int, make_request
+from jax_specdec.decode.stats import GenerationOutput
+from jax_specdec.nn import Transformer
+from jax_specdec.sampling import SamplingConfig
+from jax_specdec.schedules import Confidence, Constant, as_schedule
+from jax_specdec.sharding import check_mesh, place_rows, shard_state
+
+__all__ = [
+    "Generator",
+    "ProgramArgs",
+    "Run",
+    "autoregressive_generate",
+    "speculative_generate",
+]
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+class ProgramArgs(NamedTuple):
+    """The array arguments of `program.generate`, placed (on the mesh, if any)."""
+
+    target_state: nnx.State
+    draft_state: nnx.State | None
+    prompts: jax.Array  # [B, P] int32
+    prompt_lengths: jax.Array  # [B] int32
+    keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
+
+
+class Run:
+    """One generation with every input validated and placed: calling it runs only the
+    compiled program (for benchmarks, and for generating again from the same inputs).
+
+    Attributes:
+      config: the program's static `LoopConfig`.
+      request: the validated inputs, on the host.
+      args: the program's array arguments, as placed.
+    """
+
+    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs):
+        self.config, self.request, self.args = config, request, args
+
+    @property
+    def cache_len(self) -> int:
+        """Positions per row of every KV cache."""
+        return self.config.cache_len
+
+    def __call__(self) -> GenerationOutput:
+        return program.generate(*self.args, config=self.config)
+
+    def lower(self) -> jax.stages.Lowered:
+        """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
+        return program.generate.lower(*self.args, config=self.config)
+
+
+class Generator:
+    """A target, how to draft for it, and how to sample: validated once, then called on
+    prompts. Without a draft it decodes autoregressively (the baseline, built like the
+    speculative loop: one program, the same cache code).
+
+    Args:
+      target: the model whose distribution the output follows.
+      draft: a draft model (same tokenizer), a model-free proposer such as
+        `NGram()`, or None for autoregressive decoding.
+      schedule: tokens drafted per row and round: an int γ >= 1 (default 4), or a
+        `jax_specdec.schedules` policy (Constant, Heuristic, CostModel, Custom). A
+        `Confidence(threshold, max_gamma)` drafts up to max_gamma tokens and stops a
+        row's drafting below the threshold (it needs a draft model).
+      num_draft_tokens: an alias of `schedule=γ`.
+      sampling: temperature / top-k / top-p for target and draft alike; default greedy.
+      eos_token_id: a row stops after emitting it (it is kept); None: no EOS.
+      vocab_size: the real vocabulary when target and draft differ only by padding
+        (e.g. 32000 vs 32064): logits beyond it are dropped from both, which is exact
+        as long as the target gives padded ids no probability.
+      pad_token_id: fills the output after each row's end.
+      mesh: a `Mesh` with axes "data" and "model": rows over data, weights and the
+        caches' heads over model; still one program (also under `jax.distributed`).
+    """
+
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Transformer | NGram | None = None,
+        *,
+        schedule=None,
+        num_draft_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+        eos_token_id: int | None = None,
+        vocab_size: int | None = None,
+        pad_token_id: int = 0,
+        mesh: Mesh | None = None,
+    ):
+        if not isinstance(target, Transformer):
+            raise TypeError(
+                f"target must be a jax_specdec.nn.Transformer, got {type(target).__name__}"
+            )
+        self.sampling = GREEDY if sampling is None else sampling
+        if not isinstance(self.sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+        self.target, self.draft_model = target, None
+        self.vocab_size = target.config.vocab_size
+        self.drafter, self.schedule = None, None
+        if draft is not None:
+            self._set_drafter(draft, schedule, num_draft_tokens, vocab_size)
+        elif schedule is not None or num_draft_tokens is not None or vocab_size is not None:
+            raise ValueError("schedule, num_draft_tokens and vocab_size need a draft")
+        if (
+            eos_token_id is not None
+            and not 0 <= check_int("eos_token_id", eos_token_id, 0) < self.vocab_size
+        ):
+            raise ValueError(f"eos_token_id must lie in [0, {self.vocab_size}), got {eos_token_id}")
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self._split(mesh)
+
+    def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
+        schedule = _schedule(num_draft_tokens, schedule)
+        threshold = schedule.threshold if isinstance(schedule, Confidence) else None
+        if threshold is not None:
+            schedule = Constant(schedule.max_gamma)
+        if isinstance(draft, NGram):
+            if vocab_size is not None:
+                raise ValueError("vocab_size is only for a draft model, not an NGram proposer")
+            if threshold is not None:
+                raise ValueError(
+                    "Confidence needs a draft model's probabilities; an NGram proposer has "
+                    "none (use an int γ, Heuristic, CostModel or Custom)"
+                )
+            self.drafter = draft
+        elif isinstance(draft, Transformer):
+            self.vocab_size = _shared_vocab(self.target, draft, vocab_size)
+            catch_up = schedule.min_gamma == 0  # γ = 0 rounds: the draft cache may lag
+            self.drafter = (
+                DraftModel(catch_up) if threshold is None else EarlyExit(catch_up, threshold)
+            )
+            self.draft_model = draft
+        else:
+            raise TypeError(
+                "draft must be a jax_specdec.nn.Transformer or a proposer such as "
+                f"jax_specdec.proposers.NGram(), got {type(draft).__name__}"
+            )
+        self.schedule = schedule
+
+    def _split(self, mesh):
+        models = [("target", self.target)]
+        if self.draft_model is not None:
+            models.append(("draft", self.draft_model))
+        self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
+        self._defs, self._states = [], []
+        for _, model in models:
+            graphdef, state = nnx.split(model)
+            self._defs.append(graphdef)
+            self._states.append(state if self.mesh is None else shard_state(state, self.mesh))
+        if len(models) == 1:
+            self._defs.append(None)
+            self._states.append(None)
+
+    def bind(self, prompts, *, key: jax.Array, max_new_tokens: int, prompt_lengths=None) -> Run:
+        """Validates and places one call's inputs; returns the `Run` that generates.
+
+        Args:
+          prompts: a list of token-id lists (ragged), or an int array [B, P] with
+            `prompt_lengths` [B] (right padding ignored).
+          key: one `jax.random.key` (row b uses fold_in(key, b)) or an array of B keys.
+          max_new_tokens: tokens to generate per row (fewer if the row emits EOS).
+          prompt_lengths: [B] lengths when `prompts` is an array.
+        """
+        request = make_request(
+            prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
+        )
+        models = [("target", self.target)] + (
+            [("draft", self.draft_model)] if self.draft_model else []
+        )
+        for name, model in models:
+            _check_fits(model, name, request)
+        cache_len = min(
+            request.longest
+            + request.max_new_tokens
+            + (self.schedule.max_gamma if self.schedule else 0),
+            *(m.config.max_len for _, m in models),
+        )
+        config = LoopConfig(
+            target_def=self._defs[0],
+            draft_def=self._defs[1],
+            drafter=self.drafter,
+            schedule=self.schedule,
+            sampling=self.sampling,
+            max_new_tokens=request.max_new_tokens,
+            eos_token_id=self.eos_token_id,
+            vocab_size=self.vocab_size,
+            pad_token_id=self.pad_token_id,
+            cache_len=cache_len,
+            mesh=self.mesh,
+        )
+        return Run(config, request, ProgramArgs(*self._states, *self._place(request)))
+
+    def _place(self, request: Request):
+        if self.mesh is None:
+            return jnp.asarray(request.prompts), jnp.asarray(request.prompt_lengths), request.keys
+        check_mesh(self.mesh, [], batch=request.batch)
+        key_data = np.asarray(jax.random.key_data(request.keys))
+        return place_rows(self.mesh, request.prompts, request.prompt_lengths, key_data)
+
+    def __call__(self, prompts, *, key: jax.Array, max_new_tokens: int, prompt_lengths=None):
+        """Generates: `bind(...)` and run, with a warning if NaN/inf logits were met."""
+        run = self.bind(
+            prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths
+        )
+        return _checked(run())
+
+
+def _schedule(num_draft_tokens, schedule):
+    if num_draft_tokens is not None:
+        if schedule is not None:
+            raise ValueError(
+                "pass either num_draft_tokens or schedule, not both "
+                "(num_draft_tokens=k is schedule=k)"
+            )
+        return Constant(check_int("num_draft_tokens", num_draft_tokens, 1))
+    return as_schedule(4 if schedule is None else schedule)
+
+
+def _shared_vocab(target, draft, vocab_size) -> int:
+    vt, vd = target.config.vocab_size, draft.config.vocab_size
+    if vocab_size is None:
+        if vt != vd:
+            raise ValueError(
+                f"target and draft vocabularies differ ({vt} vs {vd}); if one is only padded "
+                "beyond the tokenizer's vocabulary, pass vocab_size=<the tokenizer's size>"
+            )
+        return vt
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    if vocab_size > min(vt, vd):
+        raise ValueError(f"vocab_size ({vocab_size}) exceeds a model's vocabulary ({vt}, {vd})")
+    return vocab_size
+
+
+def _check_fits(model, name: str, request: Request) -> None:
+    limit = model.config.max_len
+    if request.longest + request.max_new_tokens > limit:
+        raise ValueError(
+            f"prompt length ({request.longest}) + max_new_tokens ({request.max_new_tokens}) "
+            f"exceeds the {name} model's maximum length config.max_len={limit}"
+        )
+
+
+def _checked(out: GenerationOutput) -> GenerationOutput:
+    bad = out.stats.nonfinite
+    if not bad.is_fully_addressable:  # several processes: every one gets the whole flag
+        from jax.experimental import multihost_utils
+
+        bad = multihost_utils.process_allgather(bad, tiled=True)
+    bad = np.asarray(bad)
+    if bad.any():
+        warnings.warn(
+            f"NaN/inf logits met in rows {np.flatnonzero(bad).tolist()}; their tokens are "
+            "not samples of the model's distribution",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return out
+
+
+def speculative_generate(
+    target: Transformer,
+    draft: Transformer | NGram,
+    prompts,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    prompt_lengths=None,
+    **settings,
+) -> GenerationOutput:
+    """Generates with speculative decoding; distributed exactly as sampling from `target`.
+
+    `Generator(target, draft, **settings)(prompts, key=..., max_new_tokens=...)`: see
+    `Generator` for `schedule` (an int γ or a policy; `num_draft_tokens` is an alias),
+    `sampling` (default greedy), `eos_token_id`, `vocab_size`, `pad_token_id`, `mesh`,
+    and `Generator.bind` for the prompts, key and budget.
+
+    Returns:
+      GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
+    """
+    if draft is None:
+        raise TypeError(
+            "draft must be a draft model or a proposer; for plain decoding use "
+            "autoregressive_generate"
+        )
+    generator = Generator(target, draft, **settings)
+    return generator(prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths)
+
+
+def autoregressive_generate(
+    target: Transformer,
+    prompts,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    prompt_lengths=None,
+    **settings,
+) -> GenerationOutput:
+    """Plain decoding, one target call per token: `Generator(target, **settings)` called on
+    the prompts (`sampling`, `eos_token_id`, `pad_token_id`, `mesh`; default greedy)."""
+    generator = Generator(target, **settings)
+    return generator(prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths)

@@ -1,0 +1,59 @@
+"""The loop's one static configuration: everything the compiled program is specialised on.
+
+A `LoopConfig` is frozen and hashable; it is the only static argument of the program
+(`program.generate`), so a second call with an equal config and same-shaped arrays
+does not recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax.sharding import Mesh
+
+from jax_specdec.sampling import SamplingConfig
+
+__all__ = ["LoopConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Static settings of one generation program.
+
+    Attributes:
+      target_def: the target's `nnx.GraphDef` (its weights are an array argument).
+      draft_def: the draft model's `nnx.GraphDef`, None for a model-free drafter or
+        autoregressive decoding.
+      drafter: how tokens are proposed (`decode.drafter.Drafter`); None: autoregressive.
+      schedule: how many tokens each row drafts per round (`jax_specdec.schedules`);
+        None: autoregressive.
+      sampling: temperature / top-k / top-p, applied identically to target and draft.
+      max_new_tokens: tokens generated per row (fewer after an EOS).
+      eos_token_id: a row stops after emitting it; None: no EOS.
+      vocab_size: logits beyond it are dropped (models padded beyond the tokenizer).
+      pad_token_id: fills the output after each row's end.
+      cache_len: positions per row of every KV cache.
+      mesh: a ("data", "model") mesh the program is partitioned over, or None.
+    """
+
+    target_def: Any
+    draft_def: Any
+    drafter: Any
+    schedule: Any
+    sampling: SamplingConfig
+    max_new_tokens: int
+    eos_token_id: int | None
+    vocab_size: int
+    pad_token_id: int
+    cache_len: int
+    mesh: Mesh | None = None
+
+    @property
+    def gamma_max(self) -> int:
+        """The widest round: the schedule's max γ (0 for autoregressive decoding)."""
+        return 0 if self.schedule is None else self.schedule.max_gamma
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None

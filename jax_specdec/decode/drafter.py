@@ -1,0 +1,80 @@
+"""The drafter protocol: how a round gets its proposed tokens.
+
+A drafter is a frozen, hashable object (a static part of `LoopConfig`); the model it
+drafts with, if any, is passed to its methods as an argument. Each round calls:
+
+1. `prepare(model, cache, inputs, config)` once, before the round's `lax.switch`
+   over widths: bring its cache up to date, or draft at the widest γ if the drafter
+   decides itself how far to draft (n-gram lookup, early exit). It returns the cache,
+   whatever `propose` needs, and `cap` [B], the most tokens each row can propose
+   (None: as many as the schedule asks).
+2. `propose(model, cache, inputs, prepared, width, config)` inside the switch, at a
+   static width w >= 0: up to w tokens per row with their q (None for deterministic
+   proposers), and the cache entries to write after the round. It only reads the
+   cache: a cache that is an output of a conditional would be copied by XLA.
+3. `commit(cache, prepared, entries, before, after, width, config)` after the switch:
+   writes the entries, and sets the cache's valid length from the round's outcome.
+
+The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
+drafters; a schedule only picks γ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import jax
+
+__all__ = ["DraftInputs", "Drafter", "Proposal"]
+
+
+class DraftInputs(NamedTuple):
+    """What a drafter sees of the loop.
+
+    Attributes:
+      tokens: [B, L] int32, each row's prompt + generated tokens.
+      lengths: [B] int32, valid tokens per row (the last one pending).
+      done: [B] bool, finished rows (their proposals are ignored).
+      keys: [B, γ_max] one key per draft step (int32 zeros under greedy decoding).
+      want: [] int32, the widest γ the schedule asked of an active row this round.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    keys: jax.Array
+    want: jax.Array
+
+
+class Proposal(NamedTuple):
+    """A round's proposal at static width w.
+
+    Attributes:
+      tokens: [B, w] int32 proposed tokens.
+      probs: [B, w, V] float32 q, the distribution each token was drawn from (after the
+        target's sampling transforms), or None: q is one-hot on the token.
+      bad: [B] bool, the drafter met NaN/inf logits.
+      entries: the drafter's new cache entries, handed to `commit` (None if none).
+    """
+
+    tokens: jax.Array
+    probs: jax.Array | None
+    bad: jax.Array
+    entries: Any = None
+
+
+class Drafter(Protocol):
+    """See the module docstring. `cache` is any pytree (None for a stateless drafter)."""
+
+    def init(self, model, prompts, prompt_lengths, config) -> Any:
+        """The drafter's cache after the prompts [B, P] (lengths [B])."""
+
+    def prepare(self, model, cache, inputs: DraftInputs, config) -> tuple[Any, Any, Any]:
+        """(cache, prepared, cap [B] or None), before the round's switch."""
+
+    def propose(self, model, cache, inputs: DraftInputs, prepared, width: int, config) -> Proposal:
+        """Up to `width` tokens per row, on a read-only cache."""
+
+    def commit(self, cache, prepared, entries, before, after, width, config) -> Any:
+        """The cache after the round: `before` and `after` are the rows' lengths [B],
+        `width` [] the round's width (0: nothing was drafted)."""

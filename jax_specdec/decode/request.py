@@ -1,0 +1,126 @@
+"""Input checks on the host: prompts, keys and budgets become one frozen `Request`.
+
+Every public entry point validates here, before anything is traced, so bad input fails
+with a `ValueError` or `TypeError` naming the argument, never an XLA shape error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Request", "check_int", "make_request"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One generation's validated inputs, on the host.
+
+    Attributes:
+      prompts: [B, P] int32, right-padded with zeros.
+      prompt_lengths: [B] int32, each >= 1.
+      keys: [B] jax key array, one key per row.
+      max_new_tokens: tokens to generate per row (fewer if the row emits EOS).
+    """
+
+    prompts: np.ndarray
+    prompt_lengths: np.ndarray
+    keys: jax.Array
+    max_new_tokens: int
+
+    @property
+    def batch(self) -> int:
+        return self.prompts.shape[0]
+
+    @property
+    def longest(self) -> int:
+        return int(self.prompt_lengths.max())
+
+
+def check_int(name: str, value, low: int) -> int:
+    """`value` as an int >= low, else a ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: int) -> Request:
+    """Validates the inputs of a generation call (token ids must lie in [0, vocab_size))."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    rows = _rows(prompts, prompt_lengths)
+    for b, row in enumerate(rows):
+        if row.size == 0:
+            raise ValueError(f"prompts[{b}] is empty: every prompt needs at least one token")
+        if row.min() < 0 or row.max() >= vocab_size:
+            raise ValueError(
+                f"prompts[{b}] has token ids outside [0, {vocab_size}): "
+                f"min {int(row.min())}, max {int(row.max())}"
+            )
+    lengths = np.array([row.size for row in rows], np.int32)
+    padded = np.zeros((len(rows), int(lengths.max())), np.int32)
+    for b, row in enumerate(rows):
+        padded[b, : row.size] = row
+    return Request(padded, lengths, _row_keys(key, len(rows)), max_new_tokens)
+
+
+def _rows(prompts, prompt_lengths) -> list[np.ndarray]:
+    """The prompts as a list of 1-D integer arrays (ragged), checked for shape and type."""
+    if isinstance(prompts, (jax.Array, np.ndarray)):
+        array = np.asarray(prompts)
+        if array.ndim != 2:
+            raise ValueError(f"prompts array must be [B, P], got shape {array.shape}")
+        if not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"prompts must hold integer token ids, got dtype {array.dtype}")
+        lengths = _array_lengths(array, prompt_lengths)
+        rows = [array[b, : lengths[b]] for b in range(array.shape[0])]
+    else:
+        if prompt_lengths is not None:
+            raise ValueError("prompt_lengths is only for an array of prompts, not a list")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of token-id lists or an int array [B, P]")
+        rows = []
+        for b, row in enumerate(prompts):
+            arr = np.asarray(row)
+            if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+                raise TypeError(f"prompts[{b}] must be a flat list of integer token ids")
+            rows.append(arr)
+    if not rows:
+        raise ValueError("prompts is empty: need at least one prompt")
+    return rows
+
+
+def _array_lengths(array: np.ndarray, prompt_lengths) -> np.ndarray:
+    if prompt_lengths is None:
+        return np.full(array.shape[0], array.shape[1], np.int64)
+    lengths = np.asarray(prompt_lengths)
+    if lengths.shape != (array.shape[0],) or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(
+            f"prompt_lengths must be [B] = [{array.shape[0]}] integers, "
+            f"got {lengths.dtype} {lengths.shape}"
+        )
+    if np.any(lengths > array.shape[1]):
+        raise ValueError(f"prompt_lengths exceed the prompts' width {array.shape[1]}")
+    return lengths
+
+
+def _row_keys(key, batch: int) -> jax.Array:
+    """One key per row: fold_in(key, b) from a single key, or the B keys given."""
+    if not isinstance(key, jax.Array):
+        raise TypeError("key must be a jax.random.key(...) or an array of B keys")
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape == ():
+            return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch))
+        if key.shape == (batch,):
+            return key
+    elif key.dtype == jnp.uint32 and key.shape == (2,):
+        return _row_keys(jax.random.wrap_key_data(key), batch)
+    elif key.dtype == jnp.uint32 and key.shape == (batch, 2):
+        return jax.random.wrap_key_data(key)
+    raise ValueError(
+        f"key must be one key (shape []) or one key per row (shape [{batch}]), "
+        f"got dtype {key.dtype} shape {key.shape}"
+    )

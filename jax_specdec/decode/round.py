@@ -1,0 +1,120 @@
+"""One round of the loop: speculative (schedule → drafter → verify → cache writes) or a
+plain target step (autoregressive decoding, and batch-wide γ = 0 rounds).
+
+A speculative round runs as wide as its widest active row, picked by `lax.switch`
+among statically shaped rounds (w = 0 … γ_max), so a w = 2 round costs a w = 2 round.
+Inside the switch both caches are only read; the round's new entries come out of it
+and are written after, so XLA never copies a cache (a cache that is an output of a
+conditional would be copied every round).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafter import DraftInputs
+from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
+from jax_specdec.decode.state import (
+    LoopState,
+    emit,
+    gather_last,
+    record_round,
+    schedule_stats,
+    written_after,
+)
+from jax_specdec.decode.stats import nonfinite
+from jax_specdec.decode.verify import verify
+from jax_specdec.nn import write_entries
+from jax_specdec.sampling import probs_from_logits
+
+__all__ = ["autoregressive_step", "speculative_round", "then_skipping"]
+
+
+def _widest(counts, active, gamma_max: int):
+    return jnp.clip(jnp.max(jnp.where(active, counts, 0)), 0, gamma_max)
+
+
+def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
+    """One round: the schedule picks each row's γ, the drafter proposes (capped by what
+    it can propose), the target verifies as wide as the widest active row."""
+    drafter, schedule, gamma_max = config.drafter, config.schedule, config.gamma_max
+    noise = round_noise(state.keys, state.round + 1, gamma_max, config.sampling)
+    active = ~state.done
+    gammas = jnp.where(active, schedule(schedule_stats(state, config)), 0)
+    fixed = schedule.min_gamma == schedule.max_gamma  # static: a constant γ
+    want = jnp.int32(gamma_max) if fixed else _widest(gammas, active, gamma_max)
+    inputs = DraftInputs(state.tokens, state.lengths, state.done, noise.draft_keys, want)
+    draft_cache, prepared, cap = drafter.prepare(draft, state.draft_cache, inputs, config)
+    counts = gammas if cap is None else jnp.minimum(gammas, cap)
+    target_cache = state.target_cache
+    light = state.replace(target_cache=None, draft_cache=None)
+
+    def round_of_width(w, light):
+        proposal = drafter.propose(draft, draft_cache, inputs, prepared, w, config)
+        light, entries = verify(target, target_cache, light, proposal, counts, noise, config)
+        return light, entries, proposal.entries
+
+    if fixed and cap is None:
+        width = gamma_max
+        light, target_entries, draft_entries = round_of_width(gamma_max, light)
+    else:
+        width = want if cap is None else _widest(counts, active, gamma_max)
+        branches = [functools.partial(round_of_width, w) for w in range(gamma_max + 1)]
+        light, target_entries, draft_entries = jax.lax.switch(width, branches, light)
+
+    before, after = state.lengths, light.lengths
+    target_cache = write_entries(target_cache, *target_entries, written_after(before - 1, after))
+    draft_cache = drafter.commit(draft_cache, prepared, draft_entries, before, after, width, config)
+    return light.replace(
+        target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
+    )
+
+
+def _plain_step(target, state: LoopState, config: LoopConfig, pick) -> LoopState:
+    """One target step on the pending token, its cache written in place: `pick(logits,
+    probs)` chooses each row's token. Counted as a round of width 0."""
+    pending = gather_last(state.tokens, state.lengths, 1)
+    cache = state.target_cache.replace(lengths=state.lengths - 1)
+    logits, cache = target.decode(pending, cache)
+    logits = logits[:, 0, : config.vocab_size]
+    token = pick(logits, probs_from_logits(logits, config.sampling))
+    active = ~state.done
+    ones = jnp.ones_like(state.lengths)
+    state = emit(state.replace(target_cache=cache), token[:, None], ones, config)
+    none = jnp.zeros_like(state.lengths)
+    return record_round(
+        state, active=active, width=0, counts=none, accepted=none, bad=nonfinite(logits)
+    )
+
+
+def autoregressive_step(target, state: LoopState, config: LoopConfig) -> LoopState:
+    """One token per row, drawn with fold_in(keys[b], round)."""
+    keys = round_keys(state.keys, state.round + 1)
+    pick = lambda logits, probs: choose(keys, logits, probs, config.sampling)  # noqa: E731
+    return _plain_step(target, state, config, pick)
+
+
+def _skipped_round(target, state: LoopState, config: LoopConfig) -> LoopState:
+    """A round of width 0 for the whole batch, as a plain step: the same draw as `verify`
+    at width 0 (the round's `draws`), so a row's tokens do not depend on whether its
+    neighbours drafted."""
+    draws = round_noise(state.keys, state.round + 1, config.gamma_max, config.sampling).draws
+    pick = lambda logits, probs: draw(draws, logits, probs, config.sampling)  # noqa: E731
+    return _plain_step(target, state, config, pick)
+
+
+def then_skipping(round_fn, target, config: LoopConfig):
+    """`round_fn`, then plain steps for as long as the schedule asks every active row for
+    γ = 0: a batch-wide γ = 0 then costs an autoregressive step, without the round's
+    switch, catch-up check and entries written after it."""
+
+    def skipping(state):
+        gammas = config.schedule(schedule_stats(state, config))
+        return ~jnp.all(state.done) & ~jnp.any(~state.done & (gammas > 0))
+
+    step = functools.partial(_skipped_round, target, config=config)
+    return lambda state: jax.lax.while_loop(skipping, step, round_fn(state))

@@ -1,0 +1,186 @@
+"""The loop state (one pytree carried by the `lax.while_loop`) and its updates.
+
+Conventions (see docs/design.md, "The compiled loop"):
+- `tokens` [B, L] holds each row's prompt followed by its generated tokens; `lengths`
+  [B] counts them. The last one (the *pending* token) has been run through neither
+  model yet, so the target's cache holds `lengths - 1` positions.
+- Rejected drafts are rolled back by lengths alone, never by copying a cache.
+- Row b's randomness comes from `keys[b]` only: round r uses fold_in(keys[b], r)
+  (r = 0 is the prefill's first token), so a row's tokens depend on its key and
+  prompt, never on its batch neighbours.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.sharding import NamedSharding
+
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.stats import GenerationOutput, GenerationStats
+from jax_specdec.nn import KVCache, TransformerConfig, init_cache
+from jax_specdec.schedules import ScheduleStats
+from jax_specdec.sharding import cache_spec
+
+__all__ = [
+    "LoopState",
+    "emit",
+    "finish",
+    "gather_last",
+    "new_cache",
+    "pad_entries",
+    "record_round",
+    "schedule_stats",
+    "written_after",
+]
+
+
+@struct.dataclass
+class LoopState:
+    """Everything that changes from round to round.
+
+    Attributes:
+      tokens: [B, L] int32, prompt + generated tokens (L = P + max_new_tokens + γ_max + 1).
+      lengths: [B] int32, valid tokens per row; the last one is pending.
+      prompt_lengths: [B] int32.
+      keys: [B] jax keys, one per row.
+      target_cache: the target's `KVCache`, valid below `lengths - 1`.
+      draft_cache: whatever the drafter keeps (its own cache), or None.
+      done: [B] bool, rows that hit EOS or their budget (their tokens are frozen).
+      round: [] int32, rounds run so far.
+      last_gamma: [B] int32, tokens the row drafted in its previous round.
+      last_accepted: [B] int32, how many of them were accepted.
+      stats: `GenerationStats`, the per-row counters returned to the caller.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    prompt_lengths: jax.Array
+    keys: jax.Array
+    target_cache: KVCache
+    draft_cache: Any
+    done: jax.Array
+    round: jax.Array
+    last_gamma: jax.Array
+    last_accepted: jax.Array
+    stats: GenerationStats
+
+    @property
+    def generated(self) -> jax.Array:
+        """[B] tokens generated so far (the prefill's first token counted)."""
+        return self.lengths - self.prompt_lengths
+
+
+def new_cache(model_config: TransformerConfig, batch: int, config: LoopConfig) -> KVCache:
+    """An empty cache of `config.cache_len` positions; on a mesh, rows over the data
+    axis and key/value heads over the model axis."""
+    cache = init_cache(model_config, batch=batch, max_len=config.cache_len)
+    if config.mesh is None:
+        return cache
+    spec = NamedSharding(config.mesh, cache_spec())
+    place = lambda arrays: tuple(jax.lax.with_sharding_constraint(a, spec) for a in arrays)  # noqa: E731
+    return cache.replace(keys=place(cache.keys), values=place(cache.values))
+
+
+def pad_entries(entries, size: int):
+    """Per-layer cache entries [B, T, K, hd] padded with zeros to T = size."""
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, size - a.shape[1]), (0, 0), (0, 0)))  # noqa: E731
+    return tuple(tuple(map(pad, part)) for part in entries)
+
+
+def written_after(positions: jax.Array, lengths: jax.Array) -> jax.Array:
+    """`positions`, unchanged, but made to depend on the round's outcome `lengths`.
+
+    A round's cache writes must come after every read of the caches. Without a data
+    dependency XLA may write first and copy the whole cache to keep the old values
+    readable; lengths + 2**30 exceeds any position, but XLA cannot know it.
+    """
+    return jnp.minimum(positions, lengths + 2**30)
+
+
+def gather_last(tokens: jax.Array, lengths: jax.Array, count: int) -> jax.Array:
+    """tokens[b, lengths[b] - count : lengths[b]] -> [B, count]."""
+    idx = lengths[:, None] - count + jnp.arange(count, dtype=jnp.int32)
+    return jnp.take_along_axis(tokens, idx, axis=1)
+
+
+def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState:
+    """Appends the first num_new[b] of new_tokens [B, W] to each active row; a row ends
+    at its first EOS (kept) or at its budget, and later tokens are dropped."""
+    batch, width = new_tokens.shape
+    idx = jnp.arange(width, dtype=jnp.int32)
+    count = jnp.minimum(num_new, config.max_new_tokens - state.generated)
+    hit_eos = jnp.zeros((batch,), bool)
+    if config.eos_token_id is not None:
+        is_eos = (new_tokens == config.eos_token_id) & (idx[None] < count[:, None])
+        first_eos = jnp.argmax(is_eos, axis=1).astype(jnp.int32)
+        hit_eos = jnp.any(is_eos, axis=1)
+        count = jnp.where(hit_eos, first_eos + 1, count)
+    count = jnp.where(state.done, 0, count)
+    rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
+    # Positions past the buffer are dropped (a negative index would wrap around).
+    skip = state.tokens.shape[1]
+    positions = jnp.where(idx[None] < count[:, None], state.lengths[:, None] + idx, skip)
+    tokens = state.tokens.at[rows, positions].set(new_tokens, mode="drop")
+    lengths = state.lengths + count
+    done = state.done | hit_eos | (lengths - state.prompt_lengths >= config.max_new_tokens)
+    return state.replace(tokens=tokens, lengths=lengths, done=done)
+
+
+def record_round(state: LoopState, *, active, width: int, counts, accepted, bad) -> LoopState:
+    """Counts one round of static `width` (0: a plain target step) in which each
+    `active` row tested counts[b] drafts and accepted[b]; `bad` [B] flags NaN/inf."""
+    s = state.stats
+    on = active.astype(jnp.int32)
+    at = jnp.arange(s.accepted_at.shape[1], dtype=jnp.int32)[None]
+    ended = (accepted < counts)[:, None]
+    stats = s.replace(
+        rounds=s.rounds + on,
+        target_calls=s.target_calls + 1,
+        drafted=s.drafted + counts * on,
+        accepted=s.accepted + accepted * on,
+        rejected=s.rejected + (accepted < counts) * on,
+        drafted_at=s.drafted_at + (at < counts[:, None]) * on[:, None],
+        accepted_at=s.accepted_at + (at < accepted[:, None]) * on[:, None],
+        rejected_at=s.rejected_at + ((at == accepted[:, None]) & ended) * on[:, None],
+        gamma_rounds=s.gamma_rounds.at[width].add(1),
+        nonfinite=s.nonfinite | (active & bad),
+    )
+    return state.replace(
+        stats=stats,
+        round=state.round + 1,
+        last_gamma=jnp.where(active, counts, state.last_gamma),
+        last_accepted=jnp.where(active, accepted, state.last_accepted),
+    )
+
+
+def schedule_stats(state: LoopState, config: LoopConfig) -> ScheduleStats:
+    """What a schedule sees before a round."""
+    s = state.stats
+    generated = state.generated
+    return ScheduleStats(
+        round=state.round,
+        active=~state.done,
+        generated=generated,
+        remaining=jnp.where(state.done, 0, config.max_new_tokens - generated),
+        rounds=s.rounds,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        rejected=s.rejected,
+        accepted_at=s.accepted_at,
+        rejected_at=s.rejected_at,
+        last_gamma=state.last_gamma,
+        last_accepted=state.last_accepted,
+    )
+
+
+def finish(state: LoopState, config: LoopConfig) -> GenerationOutput:
+    """The generated tokens [B, max_new_tokens] (padded after each row's end)."""
+    idx = jnp.arange(config.max_new_tokens, dtype=jnp.int32)
+    generated = state.generated
+    out = jnp.take_along_axis(state.tokens, state.prompt_lengths[:, None] + idx[None], axis=1)
+    out = jnp.where(idx[None] < generated[:, None], out, config.pad_token_id)
+    return GenerationOutput(tokens=out, lengths=generated, stats=state.stats)

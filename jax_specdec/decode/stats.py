@@ -1,0 +1,150 @@
+"""What a generation call returns: the tokens, their lengths and per-row statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+__all__ = ["GenerationOutput", "GenerationStats", "init_stats", "nonfinite"]
+
+
+@struct.dataclass
+class GenerationStats:
+    """Per-row counters of one generation call (arrays on device).
+
+    Attributes:
+      rounds: [B] rounds (target calls after the prefill) in which the row was active.
+      target_calls: [] target forward calls of the whole batch, prefill included.
+      drafted: [B] drafted tokens.
+      accepted: [B] drafted tokens accepted.
+      rejected: [B] rounds that ended with a drafted token rejected.
+      drafted_at: [B, γ_max] rounds in which the row drafted a token at position i
+        (0-based); the acceptance rate at position i is accepted_at / drafted_at.
+      accepted_at: [B, γ_max] rounds in which draft position i was accepted.
+      rejected_at: [B, γ_max] rounds whose first rejection was at draft position i, so
+        the acceptance of position i given that the drafts before it were accepted is
+        accepted_at / (accepted_at + rejected_at). The three are empty for
+        autoregressive decoding.
+      gamma_rounds: [γ_max + 1] rounds of the whole batch run with each draft width
+        (0: a plain target step).
+      nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
+        to be trusted; a warning is raised too).
+    """
+
+    rounds: jax.Array
+    target_calls: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    rejected: jax.Array
+    drafted_at: jax.Array
+    accepted_at: jax.Array
+    rejected_at: jax.Array
+    gamma_rounds: jax.Array
+    nonfinite: jax.Array
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens accepted, over the whole batch.
+
+        It falls with γ even at a constant per-token acceptance, since drafts after a
+        rejection count as drafted; `alpha` does not.
+        """
+        return float(jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1))
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability α (the i.i.d. model of docs/design.md), estimated as
+        accepted / (accepted + rejections): each round tests drafts up to its first
+        rejection, if any (the maximum-likelihood estimate for geometric run lengths).
+        """
+        if self.accepted_at.shape[1] == 0:
+            return float("nan")
+        accepted = jnp.sum(self.accepted)
+        return float(accepted / jnp.maximum(accepted + jnp.sum(self.rejected), 1))
+
+    def tokens_per_round(self, lengths: jax.Array) -> float:
+        """Mean tokens emitted per round (the prefill's first token not counted)."""
+        return float(jnp.sum(lengths - 1) / jnp.maximum(jnp.sum(self.rounds), 1))
+
+    def acceptance_at(self) -> np.ndarray:
+        """[γ_max] acceptance rate of each draft position over the batch (NaN if unused)."""
+        drafted = np.asarray(jnp.sum(self.drafted_at, axis=0), np.float64)
+        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(drafted > 0, accepted / drafted, np.nan)
+
+    def conditional_acceptance_at(self) -> np.ndarray:
+        """[γ_max] acceptance of each draft position given that the drafts before it were
+        accepted, over the batch (NaN if never reached). Constant under the i.i.d. model
+        of docs/design.md; it is what `schedules.CostModel` estimates per row."""
+        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
+        tried = accepted + np.asarray(jnp.sum(self.rejected_at, axis=0), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(tried > 0, accepted / tried, np.nan)
+
+    @staticmethod
+    def merge(stats: Sequence[GenerationStats]) -> GenerationStats:
+        """The counters of several calls as one (rows concatenated, batch counts summed)."""
+        if not stats:
+            raise ValueError("merge needs at least one GenerationStats")
+        rows = (
+            "rounds",
+            "drafted",
+            "accepted",
+            "rejected",
+            "drafted_at",
+            "accepted_at",
+            "rejected_at",
+        )
+        fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in rows}
+        fields["nonfinite"] = jnp.concatenate([s.nonfinite for s in stats])
+        fields["target_calls"] = sum(s.target_calls for s in stats)
+        width = max(s.gamma_rounds.shape[0] for s in stats)
+        fields["gamma_rounds"] = sum(
+            jnp.pad(s.gamma_rounds, (0, width - s.gamma_rounds.shape[0])) for s in stats
+        )
+        return GenerationStats(**fields)
+
+
+class GenerationOutput(NamedTuple):
+    """What a generation call returns.
+
+    Attributes:
+      tokens: [B, max_new_tokens] int32 generated tokens, `pad_token_id` after each
+        row's end.
+      lengths: [B] int32 generated tokens per row (max_new_tokens unless the row hit EOS,
+        which is included).
+      stats: `GenerationStats`.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    stats: GenerationStats
+
+
+def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> GenerationStats:
+    """Counters before the first round: one target call (the prefill) and its NaN flags."""
+    zeros = jnp.zeros((batch,), jnp.int32)
+    per_position = jnp.zeros((batch, gamma_max), jnp.int32)
+    return GenerationStats(
+        rounds=zeros,
+        target_calls=jnp.ones((), jnp.int32),
+        drafted=zeros,
+        accepted=zeros,
+        rejected=zeros,
+        drafted_at=per_position,
+        accepted_at=per_position,
+        rejected_at=per_position,
+        gamma_rounds=jnp.zeros((gamma_max + 1,), jnp.int32),
+        nonfinite=nonfinite_rows,
+    )
+
+
+def nonfinite(logits: jax.Array) -> jax.Array:
+    """[B] whether a row's logits [B, ...] hold a NaN or inf."""
+    return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))

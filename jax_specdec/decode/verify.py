@@ -1,0 +1,73 @@
+"""Verification: the target scores a round's proposal and the acceptance step decides.
+
+One target call on [pending, x1 … xw] per row, on a read-only cache; row b's first
+counts[b] drafts go through the acceptance step (Leviathan et al., Algorithm 1) and
+the accepted run plus a correction or bonus token is appended.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_specdec.acceptance import AcceptResult, accept_with_noise
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafter import Proposal
+from jax_specdec.decode.noise import Noise, draw
+from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
+from jax_specdec.decode.stats import nonfinite
+from jax_specdec.sampling import probs_from_logits
+
+__all__ = ["verify"]
+
+
+def verify(
+    target, cache, state: LoopState, proposal: Proposal, counts, noise: Noise, config: LoopConfig
+):
+    """Verifies a proposal of static width w = proposal.tokens.shape[1] (0: a plain
+    decode step, what the acceptance step reduces to with no drafts).
+
+    Args:
+      target: the target model.
+      cache: the target's cache, only read (valid below `state.lengths - 1`).
+      state: the loop state before the round.
+      proposal: the drafter's tokens [B, w] and q [B, w, V] (or None: one-hot).
+      counts: [B] drafts row b asked to have tested (clipped to w).
+      noise: the round's randomness.
+      config: the loop's static config.
+
+    Returns:
+      The state after the round (caches untouched) and the target's entries for
+      positions lengths - 1 …, padded to γ_max + 1 per layer.
+    """
+    width = proposal.tokens.shape[1]
+    pending = gather_last(state.tokens, state.lengths, 1)
+    logits, keys, values = target.decode_entries(
+        jnp.concatenate([pending, proposal.tokens], axis=1),
+        cache.replace(lengths=state.lengths - 1),
+    )
+    logits = logits[..., : config.vocab_size]
+    counts = jnp.minimum(counts, width)
+    if width == 0:
+        first = logits[:, 0]
+        token = draw(noise.draws, first, probs_from_logits(first, config.sampling), config.sampling)
+        result = AcceptResult(jnp.zeros_like(counts), token)
+    else:
+        p = probs_from_logits(logits, config.sampling)  # [B, w + 1, V]
+        result = accept_with_noise(
+            noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
+        )
+    accepted = result.num_accepted
+    new_tokens = jnp.concatenate([proposal.tokens, result.next_token[:, None]], axis=1)
+    idx = jnp.arange(width + 1, dtype=jnp.int32)
+    new_tokens = jnp.where(idx[None] < accepted[:, None], new_tokens, result.next_token[:, None])
+    active = ~state.done
+    state = emit(state, new_tokens, accepted + 1, config)
+    state = record_round(
+        state,
+        active=active,
+        width=width,
+        counts=counts,
+        accepted=accepted,
+        bad=nonfinite(logits) | proposal.bad,
+    )
+    return state, pad_entries((keys, values), config.gamma_max + 1)

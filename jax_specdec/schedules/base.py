@@ -1,0 +1,53 @@
+"""What every schedule shares: the statistics it sees, and the check the loop applies."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+__all__ = ["ScheduleStats", "check_gamma"]
+
+
+class ScheduleStats(NamedTuple):
+    """What a schedule sees before each round (all on device).
+
+    Attributes:
+      round: [] int32, rounds run so far (0 at the first decision).
+      active: [B] bool, rows still generating.
+      generated: [B] int32, tokens generated so far (the prefill's first token counted).
+      remaining: [B] int32, tokens the row may still generate (max_new_tokens −
+        generated; 0 once done; an EOS may end it sooner).
+      rounds: [B] int32, rounds in which the row was active.
+      drafted: [B] int32, tokens the row drafted so far.
+      accepted: [B] int32, drafted tokens accepted so far.
+      rejected: [B] int32, rounds that ended in a rejection (the α estimate is
+        accepted / (accepted + rejected)).
+      accepted_at: [B, max_gamma] int32, rounds in which draft position i (0-based)
+        was accepted.
+      rejected_at: [B, max_gamma] int32, rounds whose first rejection was at position
+        i; accepted_at / (accepted_at + rejected_at) estimates the acceptance of
+        position i given the drafts before it were accepted.
+      last_gamma: [B] int32, tokens the row drafted in the previous round (0 before
+        the first round).
+      last_accepted: [B] int32, how many of them were accepted.
+    """
+
+    round: jax.Array
+    active: jax.Array
+    generated: jax.Array
+    remaining: jax.Array
+    rounds: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    rejected: jax.Array
+    accepted_at: jax.Array
+    rejected_at: jax.Array
+    last_gamma: jax.Array
+    last_accepted: jax.Array
+
+
+def check_gamma(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value

@@ -1,0 +1,144 @@
+"""What the tests share: tiny models, ragged prompts, exact enumeration of a target's
+sequence probabilities, the chi-square test, HLO inspection and compile counting."""
+
+import contextlib
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from scipy import stats
+
+from jax_specdec import speculative_generate
+from jax_specdec.acceptance import AcceptResult
+from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
+
+VOCAB = 6
+
+
+def make_model(seed, vocab=VOCAB, scale=0.2, **overrides):
+    return Transformer(
+        TransformerConfig.tiny(vocab_size=vocab, **overrides), rngs=nnx.Rngs(seed), init_scale=scale
+    )
+
+
+def make_draft(seed=1, vocab=VOCAB):
+    """The small draft of the exactness tests (one layer, d 16)."""
+    return make_model(
+        seed, vocab, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32
+    )
+
+
+def ragged_prompts(num, vocab, seed=0, max_len=9):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=rng.integers(1, max_len)).tolist() for _ in range(num)]
+
+
+def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
+    """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS)."""
+    conts = np.array(list(itertools.product(range(VOCAB), repeat=depth)), np.int32)
+    tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
+    probs = np.asarray(probs_from_logits(target(jnp.asarray(tokens)), sampling), np.float64)
+    start = len(prompt) - 1
+    result = {}
+    for i, cont in enumerate(conts):
+        prob, seq = 1.0, ()
+        for j, tok in enumerate(cont):
+            prob *= probs[i, start + j, tok]
+            seq += (int(tok),)
+            if tok == eos:
+                break
+        result[seq] = result.get(seq, 0.0) + prob if len(seq) < depth else prob
+    # Sequences cut by EOS were added once per continuation after the EOS: divide out.
+    for seq in list(result):
+        if len(seq) < depth:
+            result[seq] /= VOCAB ** (depth - len(seq))
+    return {seq: prob for seq, prob in result.items() if prob > 0}
+
+
+def chi_square_pvalue(samples, exact):
+    keys = sorted(exact)
+    index = {k: i for i, k in enumerate(keys)}
+    counts = np.zeros(len(keys))
+    for seq in samples:
+        assert seq in index, f"emitted an impossible sequence {seq}"
+        counts[index[seq]] += 1
+    expected = np.array([exact[k] for k in keys]) * len(samples)
+    # Pool rare outcomes so every bin expects >= 5.
+    small = expected < 5
+    if small.any():
+        counts = np.append(counts[~small], counts[small].sum())
+        expected = np.append(expected[~small], expected[small].sum())
+    return stats.chisquare(counts, expected * counts.sum() / expected.sum()).pvalue
+
+
+NUM_SAMPLES = 100_000
+PROMPTS = ([2, 5], [1, 0, 3, 4])  # ragged: rows alternate between the two
+
+
+def sample_sequences(target, draft, sampling, gamma, eos, seed, **kwargs):
+    """NUM_SAMPLES rows alternating between the two PROMPTS; kwargs go to the loop
+    (gamma=None and schedule=... for a dynamic schedule)."""
+    prompts = [PROMPTS[b % 2] for b in range(NUM_SAMPLES)]
+    out = speculative_generate(
+        target,
+        draft,
+        prompts,
+        key=jax.random.key(seed),
+        max_new_tokens=3,
+        num_draft_tokens=gamma,
+        sampling=sampling,
+        eos_token_id=eos,
+        **kwargs,
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(NUM_SAMPLES)]
+    return seqs, out.stats
+
+
+def wrong_accept(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
+    """Resamples a rejection from plain p instead of the residual: not exact."""
+
+    def row(u, x, q, p, k):
+        at = jnp.arange(x.size)
+        passed = (u * q[at, x] < p[at, x]) & (at < k)
+        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
+
+    n = jax.vmap(row)(uniforms, draft_tokens, draft_probs, target_probs, num_drafted)
+    p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
+    return AcceptResult(n, sample_with_uniforms(draws, p_next))
+
+
+def copies_outside_entry(hlo: str, shape: str) -> int:
+    """Copies of arrays of `shape` in any computation but the entry (loop bodies etc.)."""
+    count, in_entry = 0, False
+    for line in hlo.splitlines():
+        if line and not line.startswith(" "):
+            in_entry = line.startswith("ENTRY")
+        if (
+            not in_entry
+            and f"{shape}" in line
+            and " copy(" in line
+            and line.strip().startswith("%")
+        ):
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Counts XLA backend compilations inside the block: `with count_compiles() as n:`,
+    then `n[0]`."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
