@@ -14,6 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_specdec.nn.attention import (
+    attention,
+    cached_attention,
+    heads_first,
+    live_index,
+    live_sizes,
+    rope,
+)
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
 
@@ -61,24 +69,6 @@ class Norm(nnx.Module):
         return h
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding, HF "rotate_half" convention.
-
-    Args:
-        x: [B, T, N, hd] queries or keys.
-        positions: [B, T] int32 absolute positions.
-        theta: base frequency.
-    """
-    hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # [hd/2]
-    angles = positions.astype(_F32)[..., None] * inv_freq.astype(np.float32)  # [B, T, hd/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(_F32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
 class Attention(nnx.Module):
     def __init__(self, config: TransformerConfig, *, keys, scale):
         c = config
@@ -118,34 +108,15 @@ class Attention(nnx.Module):
             k = rope(k, positions, c.rope_theta)
         return q, k, v
 
+    def output(self, attended: jax.Array) -> jax.Array:
+        """[B, T, H, hd] float32 attention output -> [B, T, D] (output projection)."""
+        B, T, H, hd = attended.shape
+        return self.o(attended.reshape(B, T, H * hd).astype(self.config.jnp_dtype))
+
     def attend(self, q: jax.Array, parts) -> jax.Array:
-        """Softmax attention of q over the concatenation of several key/value blocks.
-
-        Args:
-            q: [B, T, H, hd] queries.
-            parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B, T, S_i] bool).
-
-        Returns:
-            [B, T, D] attention output (after the output projection).
-        """
-        c = self.config
-        B, T, H, hd = q.shape
-        K = c.num_kv_heads
-        q = q.reshape(B, T, K, H // K, hd)
-        scores = []
-        for k, _, mask in parts:
-            s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=_F32)
-            scores.append(jnp.where(mask[:, None, None], s, jnp.finfo(_F32).min))
-        scores = jnp.concatenate(scores, axis=-1) * (1.0 / np.sqrt(hd))
-        probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax
-        out, start = 0.0, 0
-        for _, v, mask in parts:
-            p = probs[..., start : start + mask.shape[-1]].astype(v.dtype)
-            start += mask.shape[-1]
-            # Like HF, probabilities are cast to the value dtype for this product (XLA:CPU
-            # also has no bf16 x bf16 -> f32 kernel for it).
-            out = out + jnp.einsum("bkgts,bksd->btkgd", p, v).astype(_F32)
-        return self.o(out.reshape(B, T, H * hd).astype(c.jnp_dtype))
+        """Softmax attention of q over several key/value parts (see
+        `attention.attention`), then the output projection: [B, T, D]."""
+        return self.output(attention(q, parts))
 
 
 class Mlp(nnx.Module):
@@ -260,7 +231,7 @@ class Transformer(nnx.Module):
         x = self._embed(tokens, positions)
         for block in self.blocks:
             q, k, v = block.attn.project(block.attn_norm(x), positions)
-            x = x + block.attn.attend(q, [(_heads_first(k), _heads_first(v), mask)])
+            x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
             x = x + block.mlp(block.mlp_norm(x))
         return self._logits(x)
 
@@ -343,30 +314,29 @@ class Transformer(nnx.Module):
             start = cache.lengths + recent_count.
         """
         B, T = tokens.shape
-        S = cache.max_len
         lengths = cache.lengths.astype(jnp.int32)
         start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
-        old_mask = jnp.broadcast_to(
-            jnp.arange(S, dtype=jnp.int32)[None, None, :] < lengths[:, None, None], (B, T, S)
-        )
-        new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        # Only the cache's live prefix is attended: one static size for every layer.
+        sizes = live_sizes(cache.max_len)
+        index = live_index(lengths, sizes)
+        new_mask = jnp.tril(jnp.ones((T, T), bool))[None]
         if recent is not None:
             R = recent[0][0].shape[1]
             recent_mask = jnp.arange(R, dtype=jnp.int32)[None, None, :] < recent[2][:, None, None]
-            recent_mask = jnp.broadcast_to(recent_mask, (B, T, R))
         x = self._embed(tokens, positions)
         keys, values = [], []
         for i, (block, k_cache, v_cache) in enumerate(
             zip(self.blocks, cache.keys, cache.values, strict=True)
         ):
             q, k, v = block.attn.project(block.attn_norm(x), positions)
-            parts = [(k_cache, v_cache, old_mask)]
+            others = []
             if recent is not None:
                 rk, rv = recent[0][i], recent[1][i]
-                parts.append((_heads_first(rk), _heads_first(rv), recent_mask))
-            parts.append((_heads_first(k), _heads_first(v), new_mask))
-            x = x + block.attn.attend(q, parts)
+                others.append((heads_first(rk), heads_first(rv), recent_mask))
+            others.append((heads_first(k), heads_first(v), new_mask))
+            attended = cached_attention(q, k_cache, v_cache, lengths, others, sizes, index)
+            x = x + block.attn.output(attended)
             x = x + block.mlp(block.mlp_norm(x))
             keys.append(k)
             values.append(v)
@@ -398,11 +368,6 @@ def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
     """
     flag = jnp.isnan(x.reshape(-1)[0]).astype(jnp.int32)
     return jnp.minimum(positions, jnp.int32(2**31 - 2) + flag)
-
-
-def _heads_first(x: jax.Array) -> jax.Array:
-    """[B, T, K, hd] -> [B, K, T, hd]."""
-    return x.transpose(0, 2, 1, 3)
 
 
 def _check_tokens(tokens, config: TransformerConfig) -> jax.Array:

@@ -1,0 +1,175 @@
+"""Attention maths: rotary positions, softmax attention over several key/value parts,
+and attention over a cache's live prefix only.
+
+A decode or verify call attends over the cache only up to its longest live row,
+rounded up to one of a few static sizes (`live_sizes`: a block, then doubling, then
+the cache's size): `lax.switch` picks the branch whose static slice of the cache covers
+every row. The maths in each branch is the plain masked softmax of `attention`, so the
+logits equal full-cache attention's within float32 rounding (the masked positions added
+exactly zero there). A loop over key/value blocks with an online softmax, measured
+against it on this project's CPU, was no faster (docs/step_cost.md).
+
+The attention kernel is chosen by backend (`kernel`): on GPU `jax.nn.dot_product_attention`
+(cuDNN where it applies), elsewhere the einsum formulation below; both take the same
+concatenated keys, values and mask.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_F32 = jnp.float32
+
+#: smallest static prefix a call attends over; prefixes double from here to the cache size.
+LIVE_BLOCK = 16
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, HF "rotate_half" convention.
+
+    Args:
+        x: [B, T, N, hd] queries or keys.
+        positions: [B, T] int32 absolute positions.
+        theta: base frequency.
+    """
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # [hd/2]
+    angles = positions.astype(_F32)[..., None] * inv_freq.astype(np.float32)  # [B, T, hd/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(_F32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def heads_first(x: jax.Array) -> jax.Array:
+    """[B, T, K, hd] -> [B, K, T, hd]."""
+    return x.transpose(0, 2, 1, 3)
+
+
+def kernel() -> str:
+    """ "dot_product_attention" on GPU, "einsum" elsewhere; the environment variable
+    JAX_SPECDEC_ATTENTION overrides the choice (read at trace time)."""
+    chosen = os.environ.get("JAX_SPECDEC_ATTENTION")
+    if chosen:
+        if chosen not in ("einsum", "dot_product_attention"):
+            raise ValueError(
+                f"JAX_SPECDEC_ATTENTION must be einsum or dot_product_attention, got {chosen!r}"
+            )
+        return chosen
+    return "dot_product_attention" if jax.default_backend() == "gpu" else "einsum"
+
+
+def attention(q: jax.Array, parts) -> jax.Array:
+    """Softmax attention of q over the concatenation of several key/value parts.
+
+    Args:
+        q: [B, T, H, hd] queries.
+        parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B, T or 1, S_i]
+          bool); every query must see at least one position.
+
+    Returns:
+        [B, T, H, hd] float32.
+    """
+    if kernel() == "dot_product_attention":
+        return _dot_product_attention(q, parts)
+    B, T, H, hd = q.shape
+    K = parts[0][0].shape[1]
+    q = q.reshape(B, T, K, H // K, hd)
+    scores = []
+    for k, _, mask in parts:
+        s = _scores(q, k)
+        scores.append(jnp.where(mask[:, None, None], s, jnp.finfo(_F32).min))
+    scores = jnp.concatenate(scores, axis=-1) * (1.0 / np.sqrt(hd))
+    probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax
+    out, start = 0.0, 0
+    for _, v, mask in parts:
+        p = probs[..., start : start + mask.shape[-1]].astype(v.dtype)
+        start += mask.shape[-1]
+        # Like HF, probabilities are cast to the value dtype for this product (XLA:CPU
+        # also has no bf16 x bf16 -> f32 kernel for it).
+        out = out + _weighted(p, v)
+    return out.reshape(B, T, H, hd)
+
+
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+    """q [B, T, K, G, hd] . k [B, K, S, hd] -> [B, K, G, T, S] float32."""
+    return jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=_F32)
+
+
+def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
+    """p [B, K, G, T, S] . v [B, K, S, hd] -> [B, T, K, G, hd] float32.
+
+    The product is taken in [B, K, G, T, hd] order and transposed after: asked for
+    [B, T, K, G, hd] directly, XLA:CPU computed v^T p^T with a slow batched dot
+    (4.4x slower attention at batch 8, context 512; docs/step_cost.md)."""
+    out = jnp.einsum("bkgts,bksd->bkgtd", p, v).astype(_F32)
+    return out.transpose(0, 3, 1, 2, 4)
+
+
+def _dot_product_attention(q: jax.Array, parts) -> jax.Array:
+    """`attention` through `jax.nn.dot_product_attention` (keys concatenated, positions
+    before heads as it wants them)."""
+    B, T, _, _ = q.shape
+    k = jnp.concatenate([heads_first(k) for k, _, _ in parts], axis=1).astype(q.dtype)
+    v = jnp.concatenate([heads_first(v) for _, v, _ in parts], axis=1).astype(q.dtype)
+    mask = jnp.concatenate([jnp.broadcast_to(m, (B, T, m.shape[-1])) for _, _, m in parts], axis=-1)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
+    return out.astype(_F32)
+
+
+def live_sizes(max_len: int, block: int | None = None) -> tuple[int, ...]:
+    """The static prefix sizes a cache of `max_len` positions is attended over:
+    block, 2 block, 4 block, ... below max_len, then max_len."""
+    block = LIVE_BLOCK if block is None else block
+    sizes, size = [], block
+    while size < max_len:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_len)
+
+
+def live_index(lengths: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
+    """Index of the smallest size in `sizes` that holds every row's `lengths`."""
+    longest = jnp.max(lengths.astype(jnp.int32))
+    return jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < longest).astype(jnp.int32)
+
+
+def cached_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    others,
+    sizes: tuple[int, ...],
+    index: jax.Array,
+) -> jax.Array:
+    """`attention` over row b's first lengths[b] cache positions plus `others`.
+
+    Args:
+        q: [B, T, H, hd] queries.
+        k_cache, v_cache: [B, K, S, hd], only read.
+        lengths: [B] int32, the cache's live positions per row.
+        others: further parts, as in `attention` (e.g. the call's own keys).
+        sizes, index: from `live_sizes(S)` and `live_index(lengths, sizes)`: the
+          branch that attends over the first sizes[index] positions.
+
+    Returns:
+        [B, T, H, hd] float32.
+    """
+
+    def prefix(size, q, k_cache, v_cache, lengths, others):
+        k = jax.lax.slice_in_dim(k_cache, 0, size, axis=2)
+        v = jax.lax.slice_in_dim(v_cache, 0, size, axis=2)
+        mask = (jnp.arange(size, dtype=jnp.int32)[None, :] < lengths[:, None])[:, None]
+        return attention(q, [(k, v, mask), *others])
+
+    if len(sizes) == 1:
+        return prefix(sizes[0], q, k_cache, v_cache, lengths, others)
+    branches = [functools.partial(prefix, size) for size in sizes]
+    return jax.lax.switch(index, branches, q, k_cache, v_cache, lengths, list(others))
