@@ -1,6 +1,6 @@
 """Closed-form output distributions of the acceptance step, in float64 NumPy.
 
-`one_position(p, q)` is the balance of one drafted position (DESIGN.md §2): the
+`one_position(p, q)` is the balance of one drafted position (docs/design.md, §1): the
 mass emitted by accepted proposals, min(p, q), plus the rejected mass
 1 - sum(min(p, q)) spread over norm(max(0, p - q)), adds up to p exactly. The
 *wrong* correction that resamples a rejection from plain p does not.

@@ -25,32 +25,20 @@ __all__ = ["PRESETS", "train_model", "distill_model", "measure_alpha", "benchmar
 
 
 def _presets(vocab_size: int) -> dict[str, TransformerConfig]:
+    # fmt: off
     return {
         # The target: as large as trains to a useful loss in about an hour on 2 CPU cores.
         "target": TransformerConfig.llama(
-            vocab_size=vocab_size,
-            d_model=256,
-            num_layers=6,
-            num_heads=8,
-            num_kv_heads=4,
-            mlp_dim=768,
-            max_len=1024,
-            tie_embeddings=True,
-        ),
+            vocab_size=vocab_size, d_model=256, num_layers=6, num_heads=8, num_kv_heads=4,
+            mlp_dim=768, max_len=1024, tie_embeddings=True),
         # The draft: two narrow layers, about 19x cheaper per decode step than the target
         # (batch 1, this CPU; one layer was 30x, outside the 10-20x the pair aims for).
         "draft": TransformerConfig.llama(
-            vocab_size=vocab_size,
-            d_model=128,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            mlp_dim=384,
-            max_len=1024,
-            tie_embeddings=True,
-        ),
+            vocab_size=vocab_size, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2,
+            mlp_dim=384, max_len=1024, tie_embeddings=True),
         "tiny": TransformerConfig.tiny(vocab_size=vocab_size, max_len=1024),
     }
+    # fmt: on
 
 
 PRESETS = tuple(_presets(4096))

@@ -4,9 +4,13 @@ import json
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
+from jax_specdec import SamplingConfig, speculative_generate
 from jax_specdec.cli import main
+from jax_specdec.hf import load_model, load_tokenizer
 
 
 def run_json(pair, *args):
@@ -25,7 +29,22 @@ def test_generate_json_is_reproducible(pair, capsys):
     assert first["outputs"] == second["outputs"]
     out = first["outputs"][0]
     assert out["prompt"] == "def f(x):" and len(out["tokens"]) <= 12
-    assert 0 <= first["stats"]["alpha"] <= 1
+    # The figures are those of the library call with the same settings.
+    target, draft = load_model(pair / "target"), load_model(pair / "draft")
+    tokenizer = load_tokenizer(pair / "target")
+    ids = tokenizer.encode("def f(x):").ids
+    lib = speculative_generate(
+        target,
+        draft,
+        [ids],
+        key=jax.random.key(3),
+        max_new_tokens=12,
+        num_draft_tokens=4,
+        sampling=SamplingConfig(1.0),
+        eos_token_id=tokenizer.token_to_id("<|endoftext|>"),
+    )
+    assert out["tokens"] == np.asarray(lib.tokens)[0, : int(lib.lengths[0])].tolist()
+    assert first["stats"]["alpha"] == lib.stats.alpha
 
 
 def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
@@ -35,7 +54,7 @@ def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
     )
     stats = json.loads(capsys.readouterr().out)["stats"]
     assert stats["same_text_as_autoregressive"] is True
-    assert stats["speedup"] > 0
+    assert stats["speedup"] == pytest.approx(stats["autoregressive_seconds"] / stats["seconds"])
 
 
 def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):

@@ -64,7 +64,13 @@ def test_greedy_speculative_equals_greedy_autoregressive(gamma, eos):
 def test_draft_identical_to_target_accepts_everything(target):
     prompts = ragged_prompts(8, VOCAB, seed=3)
     out = speculative_generate(
-        target, target, prompts, key=jax.random.key(2), max_new_tokens=20, num_draft_tokens=4
+        target,
+        target,
+        prompts,
+        key=jax.random.key(2),
+        max_new_tokens=20,
+        num_draft_tokens=4,
+        sampling=SamplingConfig(1.0),
     )
     s = out.stats
     assert s.acceptance_rate == 1.0
@@ -144,6 +150,7 @@ def test_array_prompts_with_lengths_equal_list_prompts(target, draft):
     for b, p in enumerate(prompts):
         array[b, : len(p)] = p
     kwargs = dict(key=jax.random.key(3), max_new_tokens=7, num_draft_tokens=2)
+    kwargs["sampling"] = SamplingConfig(1.0)
     a = speculative_generate(target, draft, prompts, **kwargs)
     b = speculative_generate(
         target, draft, array, prompt_lengths=np.array([len(p) for p in prompts]), **kwargs

@@ -1,10 +1,6 @@
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from jax_specdec.cli import main
 from jax_specdec.exact import one_position, round_distribution
 
 
@@ -52,40 +48,3 @@ def test_round_distribution_sums_to_one_and_has_marginal_p1():
 def test_bad_distributions(p, q, match):
     with pytest.raises(ValueError, match=match):
         one_position(p, q)
-
-
-def test_balance_report_default(capsys):
-    assert main(["balance"]) == 0
-    out = capsys.readouterr().out
-    assert "| accepted min(p, q)" in out
-    assert "0.2000 | 0.3000 | 0.1000" in out  # accepted
-    assert "0.0000 | 0.5000 | 0.5000" in out  # residual
-    assert "0.2000 | 0.5000 | 0.3000" in out  # output
-    assert "0.2800 | 0.5000 | 0.2200" in out  # wrong correction
-    assert "rejected mass 0.4000" in out
-
-
-def test_balance_report_custom(capsys):
-    assert main(["balance", "--p", "0.5,0.5", "--q", "1,0"]) == 0
-    out = capsys.readouterr().out
-    assert "| output = accepted + rejected * residual | 0.5000 | 0.5000 |" in out
-
-
-@pytest.mark.parametrize(
-    "args,message",
-    [
-        (["--p", "0.5,0.6"], "p must sum to 1"),
-        (["--q", "0.5,0.5"], "same length"),
-        (["--q", "1.5,-0.4,-0.1"], "q has negative"),
-        (["--p", "a,b"], "comma-separated numbers"),
-    ],
-)
-def test_balance_report_bad_input_exit_2_no_traceback(args, message):
-    proc = subprocess.run(
-        [sys.executable, "-m", "jax_specdec.cli", "balance", *args],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr

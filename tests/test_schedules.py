@@ -160,6 +160,30 @@ def test_per_row_schedules_keep_rows_independent_of_the_batch(target, draft, nam
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(batch.tokens)[b])
 
 
+@pytest.mark.parametrize("schedule", [Custom(skip_then_draft, max_gamma=3), "cost_model"])
+def test_draft_cache_catches_up_after_skipped_rounds(target, schedule):
+    """The target as its own draft: with a draft cache that caught up correctly after
+    γ = 0 rounds (and without a prefill), q = p and every draft is accepted, even at
+    temperature 1; a cache missing or misplacing an entry would reject some."""
+    if schedule == "cost_model":
+        schedule = CostModel(draft_cost=0.0, verify_costs=(1.0, 1.01, 1.02), prior_alpha=0.99)
+    prompts = ragged_prompts(6, VOCAB, seed=9, max_len=30)
+    out = speculative_generate(
+        target,
+        target,
+        prompts,
+        key=jax.random.key(1),
+        max_new_tokens=40,
+        schedule=schedule,
+        sampling=SamplingConfig(1.0),
+    )
+    s = out.stats
+    if isinstance(schedule, Custom):  # drafts after γ = 0 rounds, from a lagging cache
+        assert int(s.gamma_rounds[0]) > 0
+    assert int(np.sum(s.drafted)) > 0
+    assert int(np.sum(s.accepted)) == int(np.sum(s.drafted))
+
+
 def test_constant_schedule_is_num_draft_tokens(target, draft):
     prompts = ragged_prompts(4, VOCAB, seed=2)
     kwargs = dict(key=jax.random.key(3), max_new_tokens=10, sampling=SamplingConfig(1.0))

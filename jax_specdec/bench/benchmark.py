@@ -5,18 +5,12 @@ measurement (`python scripts/bench.py`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
 
-from jax_specdec.bench.timing import (
-    Timing,
-    bare_matmul_time,
-    decode_step_time,
-    measure,
-    peak_rss_mib,
-    time_call,
-)
+from jax_specdec.bench import timing
 from jax_specdec.nn import Transformer
 from jax_specdec.report import markdown_table
 
@@ -40,32 +34,27 @@ def predicted_speedup(alpha: float, gamma: int, *, round_time: float, target_ste
     return expected_tokens_per_round(alpha, gamma) * target_step / round_time
 
 
-def _parts(target, draft, *, batch, prompt_len, context, cache_len, repeats) -> dict[str, Timing]:
-    """The parts of a round and of the loop, each timed apart."""
-
-    def step(model, tokens, at=context, steps=16):
-        return decode_step_time(
-            model,
-            batch=batch,
-            tokens_per_call=tokens,
-            context=at,
-            cache_len=cache_len,
-            steps=steps,
-            repeats=repeats,
-        )
-
+def _parts(target, draft, *, batch, prompt_len, context, cache_len, repeats, verify=None):
+    """The parts of a round and of the loop, each timed apart (dict of `Timing`); with
+    `verify` = k, only the target's call on k tokens per row (a `Timing`)."""
+    step = functools.partial(
+        timing.decode_step_time, batch=batch, cache_len=cache_len, repeats=repeats
+    )
+    if verify is not None:
+        return step(target, tokens_per_call=verify, context=context)
+    prefill = dict(tokens_per_call=prompt_len, context=0, steps=2)
     return {
-        "target_step": step(target, 1),
-        "draft_step": step(draft, 1),
-        "draft_first_step": step(draft, 2),
-        "target_prefill": step(target, prompt_len, at=0, steps=2),
-        "draft_prefill": step(draft, prompt_len, at=0, steps=2),
-        "target_bare_matmul": bare_matmul_time(target, batch=batch, repeats=repeats),
-        "draft_bare_matmul": bare_matmul_time(draft, batch=batch, repeats=repeats),
+        "target_step": step(target, tokens_per_call=1, context=context),
+        "draft_step": step(draft, tokens_per_call=1, context=context),
+        "draft_first_step": step(draft, tokens_per_call=2, context=context),
+        "target_prefill": step(target, **prefill),
+        "draft_prefill": step(draft, **prefill),
+        "target_bare_matmul": timing.bare_matmul_time(target, batch=batch, repeats=repeats),
+        "draft_bare_matmul": timing.bare_matmul_time(draft, batch=batch, repeats=repeats),
     }
 
 
-def _baseline_row(batch, measured, parts, public: Timing) -> dict:
+def _baseline_row(batch, measured, parts, public: timing.Timing) -> dict:
     loop_rounds = int(measured.stats.target_calls) - 1
     ar_step = (measured.seconds - parts["target_prefill"].median) / loop_rounds
     return {
@@ -83,7 +72,7 @@ def _baseline_row(batch, measured, parts, public: Timing) -> dict:
     }
 
 
-def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: Timing) -> dict:
+def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: timing.Timing) -> dict:
     stats = measured.stats
     alpha = stats.alpha
     prefill = parts["target_prefill"].median + parts["draft_prefill"].median
@@ -112,6 +101,20 @@ def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: Timi
         "speedup": speedup,
         "predicted_speedup": predicted,
         "measured_over_predicted": speedup / predicted,
+    }
+
+
+def _settings(target, draft, sampling, prompt_len, max_new_tokens, repeats) -> dict:
+    return {
+        "target": dataclasses.asdict(target.config),
+        "draft": dataclasses.asdict(draft.config),
+        "sampling": dataclasses.asdict(sampling),
+        "prompt_len": prompt_len,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "rows": [],
     }
 
 
@@ -144,126 +147,71 @@ def run_benchmark(
     sampling = SamplingConfig(1.0) if sampling is None else sampling
     context = prompt_len + max_new_tokens // 2
     cache_len = prompt_len + max_new_tokens + max(gammas)
-    results = {
-        "target": dataclasses.asdict(target.config),
-        "draft": dataclasses.asdict(draft.config),
-        "sampling": dataclasses.asdict(sampling),
-        "prompt_len": prompt_len,
-        "max_new_tokens": max_new_tokens,
-        "repeats": repeats,
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "rows": [],
-    }
+    results = _settings(target, draft, sampling, prompt_len, max_new_tokens, repeats)
     generators = [Generator(target, sampling=sampling)]
     generators += [Generator(target, draft, schedule=g, sampling=sampling) for g in gammas]
+    shape = dict(prompt_len=prompt_len, context=context, cache_len=cache_len, repeats=repeats)
     for batch in tqdm(batches, desc="bench", disable=not progress):
         rng = np.random.default_rng(seed + batch)
         prompts = rng.integers(0, target.config.vocab_size, (batch, prompt_len)).astype(np.int32)
-        key = jax.random.key(seed)
-        runs = [g.bind(prompts, key=key, max_new_tokens=max_new_tokens) for g in generators]
-        measured = measure(runs, repeats)
-        parts = _parts(
-            target,
-            draft,
-            batch=batch,
-            prompt_len=prompt_len,
-            context=context,
-            cache_len=cache_len,
-            repeats=repeats,
-        )
-        public = time_call(
-            lambda p=prompts, k=key: generators[0](p, key=k, max_new_tokens=max_new_tokens).tokens,
+        runs = [
+            g.bind(prompts, key=jax.random.key(seed), max_new_tokens=max_new_tokens)
+            for g in generators
+        ]
+        measured = timing.measure(runs, repeats)
+        parts = _parts(target, draft, batch=batch, **shape)
+        public = timing.time_call(
+            lambda p=prompts: (
+                generators[0]
+                .bind(p, key=jax.random.key(seed), max_new_tokens=max_new_tokens)()
+                .tokens
+            ),
             repeats,
         )
         baseline = _baseline_row(batch, measured[0], parts, public)
         results["rows"].append(baseline)
         for gamma, m in zip(gammas, measured[1:], strict=True):
-            verify = decode_step_time(
-                target,
-                batch=batch,
-                tokens_per_call=gamma + 1,
-                context=context,
-                cache_len=cache_len,
-                repeats=repeats,
-            )
+            verify = _parts(target, None, batch=batch, verify=gamma + 1, **shape)
             results["rows"].append(_speculative_row(batch, gamma, m, baseline, parts, verify))
-    results["peak_rss_mib"] = peak_rss_mib()
+    results["peak_rss_mib"] = timing.peak_rss_mib()
     if jax.default_backend() != "cpu":
         stats = jax.devices()[0].memory_stats() or {}
         results["peak_device_mib"] = stats.get("peak_bytes_in_use", 0) / 2**20
     return results
 
 
+def _run_cells(r: dict) -> list:
+    if r["gamma"] == 0:
+        p = r["parts_ms"]
+        loop = f"{r['loop_step_ms']:.2f}"
+        return [r["batch"], "AR", f"{r['ms_per_token']:.2f}", "1.00", "", "", "", "1", loop,
+                f"{p['target_step']:.2f}", f"{r['loop_step_ms'] / p['target_step']:.2f}",
+                f"{r['compile_seconds']:.1f}"]  # fmt: skip
+    keys = ("ms_per_token", "speedup", "predicted_speedup", "measured_over_predicted")
+    keys += ("alpha", "tokens_per_round", "round_ms", "round_parts_ms", "round_over_parts")
+    digits = {"alpha": 3}
+    return [r["batch"], r["gamma"], *(f"{r[k]:.{digits.get(k, 2)}f}" for k in keys),
+            f"{r['compile_seconds']:.1f}"]  # fmt: skip
+
+
 def markdown_report(results: dict) -> str:
     """The benchmark results as two markdown tables: the runs, and the step parts."""
-    runs, parts = [], []
-    for r in results["rows"]:
-        if r["gamma"] == 0:
-            p = r["parts_ms"]
-            runs.append(
-                [
-                    r["batch"],
-                    "AR",
-                    f"{r['ms_per_token']:.2f}",
-                    "1.00",
-                    "",
-                    "",
-                    "",
-                    "1",
-                    f"{r['loop_step_ms']:.2f}",
-                    f"{p['target_step']:.2f}",
-                    f"{r['loop_step_ms'] / p['target_step']:.2f}",
-                    f"{r['compile_seconds']:.1f}",
-                ]
-            )
-            parts.append(
-                [
-                    r["batch"],
-                    f"{p['target_step']:.2f}",
-                    f"{p['draft_step']:.2f}",
-                    f"{p['target_bare_matmul']:.2f}",
-                    f"{r['loop_step_over_bare_matmul']:.2f}",
-                    f"{r['standalone_step_over_bare_matmul']:.2f}",
-                ]
-            )
-            continue
-        runs.append(
-            [
-                r["batch"],
-                r["gamma"],
-                f"{r['ms_per_token']:.2f}",
-                f"{r['speedup']:.2f}",
-                f"{r['predicted_speedup']:.2f}",
-                f"{r['measured_over_predicted']:.2f}",
-                f"{r['alpha']:.3f}",
-                f"{r['tokens_per_round']:.2f}",
-                f"{r['round_ms']:.2f}",
-                f"{r['round_parts_ms']:.2f}",
-                f"{r['round_over_parts']:.2f}",
-                f"{r['compile_seconds']:.1f}",
-            ]
-        )
-    run_header = [
-        "batch",
-        "γ",
-        "ms/token",
-        "speedup",
-        "predicted",
-        "measured/predicted",
-        "α",
-        "tokens/round",
-        "round ms",
-        "parts ms",
-        "round/parts",
-        "compile s",
+    runs = [_run_cells(r) for r in results["rows"]]
+    parts = [
+        [
+            r["batch"],
+            *(
+                f"{r['parts_ms'][k]:.2f}"
+                for k in ("target_step", "draft_step", "target_bare_matmul")
+            ),
+            f"{r['loop_step_over_bare_matmul']:.2f}",
+            f"{r['standalone_step_over_bare_matmul']:.2f}",
+        ]  # fmt: skip
+        for r in results["rows"]
+        if r["gamma"] == 0
     ]
-    part_header = [
-        "batch",
-        "target step ms",
-        "draft step ms",
-        "target bare matmul ms",
-        "AR loop step / bare matmul",
-        "standalone step / bare matmul",
-    ]
+    run_header = ["batch", "γ", "ms/token", "speedup", "predicted", "measured/predicted", "α",
+                  "tokens/round", "round ms", "parts ms", "round/parts", "compile s"]  # fmt: skip
+    part_header = ["batch", "target step ms", "draft step ms", "target bare matmul ms",
+                   "AR loop step / bare matmul", "standalone step / bare matmul"]  # fmt: skip
     return markdown_table(run_header, runs) + "\n\n" + markdown_table(part_header, parts)

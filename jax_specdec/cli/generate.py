@@ -54,7 +54,7 @@ def _generate(args, target, draft, ids, eos) -> dict:
     from jax_specdec.decode import Generator
 
     settings = dict(sampling=common.sampling(args), eos_token_id=eos)
-    spec = Generator(target, draft, schedule=args.num_draft_tokens, **settings)
+    spec = Generator(target, draft, num_draft_tokens=args.num_draft_tokens, **settings)
     key = jax.random.key(args.seed)
     run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
     if not args.compare:

@@ -234,6 +234,8 @@ def _schedule(num_draft_tokens, schedule):
                 "(num_draft_tokens=k is schedule=k)"
             )
         return Constant(check_int("num_draft_tokens", num_draft_tokens, 1))
+    if isinstance(schedule, Confidence):  # a way of drafting, checked by the Generator
+        return schedule
     return as_schedule(4 if schedule is None else schedule)
 
 

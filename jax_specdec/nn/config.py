@@ -157,23 +157,7 @@ class TransformerConfig:
         Defaults to a small model (d_model 256, 4 layers); `head_dim` defaults to
         d_model // num_heads and `num_kv_heads` to num_heads when not given.
         """
-        base: dict[str, Any] = dict(
-            vocab_size=32000,
-            d_model=256,
-            num_layers=4,
-            num_heads=8,
-            mlp_dim=688,
-            max_len=2048,
-            norm="rms",
-            norm_eps=1e-6,
-            position="rope",
-            rope_theta=10000.0,
-            mlp="swiglu",
-            qkv_bias=False,
-            out_bias=False,
-            mlp_bias=False,
-            tie_embeddings=False,
-        )
+        base = {**_FAMILIES["llama"]}
         base.update(overrides)
         base.setdefault("num_kv_heads", base["num_heads"])
         base.setdefault("head_dim", base["d_model"] // base["num_heads"])
@@ -185,21 +169,7 @@ class TransformerConfig:
 
         Without overrides this is GPT-2 small (124M). `mlp_dim` defaults to 4 * d_model.
         """
-        base: dict[str, Any] = dict(
-            vocab_size=50257,
-            d_model=768,
-            num_layers=12,
-            num_heads=12,
-            max_len=1024,
-            norm="layer",
-            norm_eps=1e-5,
-            position="learned",
-            mlp="gelu",
-            qkv_bias=True,
-            out_bias=True,
-            mlp_bias=True,
-            tie_embeddings=True,
-        )
+        base = {**_FAMILIES["gpt2"]}
         base.update(overrides)
         base.setdefault("num_kv_heads", base["num_heads"])
         base.setdefault("head_dim", base["d_model"] // base["num_heads"])
@@ -209,44 +179,35 @@ class TransformerConfig:
     @classmethod
     def tiny(cls, **overrides: Any) -> TransformerConfig:
         """A Llama-style model small enough for unit tests on a CPU (~30k parameters)."""
-        base: dict[str, Any] = dict(
-            vocab_size=16,
-            d_model=32,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=8,
-            mlp_dim=64,
-            max_len=128,
-        )
-        base.update(overrides)
-        return cls.llama(**base)
+        return cls.llama(**{**_LLAMA_PRESETS["tiny"], **overrides})
 
     @classmethod
     def bench_target(cls, **overrides: Any) -> TransformerConfig:
-        """The benchmark target of DESIGN §7: d=512, 8 layers, 8 heads, MLP 2048, vocab 4096."""
-        base: dict[str, Any] = dict(
-            vocab_size=4096,
-            d_model=512,
-            num_layers=8,
-            num_heads=8,
-            mlp_dim=2048,
-            max_len=2048,
-        )
-        base.update(overrides)
-        return cls.llama(**base)
+        """The benchmark target (docs/bench.md): d=512, 8 layers, 8 heads, MLP 2048, vocab 4096."""
+        return cls.llama(**{**_LLAMA_PRESETS["bench_target"], **overrides})
 
     @classmethod
     def bench_draft(cls, **overrides: Any) -> TransformerConfig:
         """The benchmark draft paired with `bench_target`: d=128, 2 layers, vocab 4096."""
-        base: dict[str, Any] = dict(
-            vocab_size=4096,
-            d_model=128,
-            num_layers=2,
-            num_heads=4,
-            mlp_dim=512,
-            max_len=2048,
-            tie_embeddings=True,
-        )
-        base.update(overrides)
-        return cls.llama(**base)
+        return cls.llama(**{**_LLAMA_PRESETS["bench_draft"], **overrides})
+
+
+# fmt: off
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(vocab_size=32000, d_model=256, num_layers=4, num_heads=8, mlp_dim=688,
+                  max_len=2048, norm="rms", norm_eps=1e-6, position="rope", rope_theta=10000.0,
+                  mlp="swiglu", qkv_bias=False, out_bias=False, mlp_bias=False,
+                  tie_embeddings=False),
+    "gpt2": dict(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, max_len=1024,
+                 norm="layer", norm_eps=1e-5, position="learned", mlp="gelu", qkv_bias=True,
+                 out_bias=True, mlp_bias=True, tie_embeddings=True),
+}
+_LLAMA_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                 head_dim=8, mlp_dim=64, max_len=128),
+    "bench_target": dict(vocab_size=4096, d_model=512, num_layers=8, num_heads=8, mlp_dim=2048,
+                         max_len=2048),
+    "bench_draft": dict(vocab_size=4096, d_model=128, num_layers=2, num_heads=4, mlp_dim=512,
+                        max_len=2048, tie_embeddings=True),
+}
+# fmt: on

@@ -99,20 +99,26 @@ def calibrate_round_costs(
     ]
     measured = measure(runs, repeats)
     jax.clear_caches()
+    costs, measured_alpha = _tally(measured, len(batches), max_gamma)
+    prior_alpha = measured_alpha if prior_alpha is None else prior_alpha
+    return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)
+
+
+def _tally(measured, num_batches: int, max_gamma: int):
+    """Seconds per round of each width (the long run minus the 1-token run, summed over
+    batches) and the acceptance per draft position pooled over the constant-γ runs."""
     costs, accepted, rejected = [], np.zeros(max_gamma), np.zeros(max_gamma)
     for g in range(max_gamma + 1):
         seconds, rounds = 0.0, 0
-        for b in range(len(batches)):
-            short, full = measured[2 * (g * len(batches) + b) : 2 * (g * len(batches) + b) + 2]
+        for b in range(num_batches):
+            short, full = measured[2 * (g * num_batches + b) : 2 * (g * num_batches + b) + 2]
             seconds += max(full.seconds - short.seconds, 1e-9)
             rounds += int(full.stats.target_calls) - 1
             if g > 0:
                 accepted[:g] += np.asarray(full.stats.accepted_at).sum(0)
                 rejected[:g] += np.asarray(full.stats.rejected_at).sum(0)
         costs.append(seconds / rounds)
-    if prior_alpha is None:
-        overall = accepted.sum() / max(accepted.sum() + rejected.sum(), 1)
-        tried = accepted + rejected
-        alpha = np.where(tried > 0, accepted / np.maximum(tried, 1), overall)
-        prior_alpha = tuple(float(a) for a in np.clip(alpha, 0.01, 0.99))
-    return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)
+    overall = accepted.sum() / max(accepted.sum() + rejected.sum(), 1)
+    tried = accepted + rejected
+    alpha = np.where(tried > 0, accepted / np.maximum(tried, 1), overall)
+    return costs, tuple(float(a) for a in np.clip(alpha, 0.01, 0.99))

@@ -91,13 +91,6 @@ class Confidence:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
             raise ValueError(f"Confidence.threshold must be a number in [0, 1], got {t!r}")
 
-    @property
-    def min_gamma(self) -> int:
-        return self.max_gamma
-
-    def __call__(self, stats: ScheduleStats) -> jax.Array:
-        return jnp.full(stats.active.shape, self.max_gamma, jnp.int32)
-
 
 @dataclasses.dataclass(frozen=True)
 class Custom:

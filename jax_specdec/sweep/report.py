@@ -108,13 +108,19 @@ def _pick(results, **match):
     return [r for r in results["rows"] if all(r.get(k) == v for k, v in match.items())]
 
 
+def _panels(results, plt, width: float, height: float):
+    """A figure with one panel per temperature: (fig, [(ax, temperature), ...])."""
+    temps = results["settings"]["temperatures"]
+    fig, axes = plt.subplots(1, len(temps), figsize=(width * len(temps), height), squeeze=False)
+    return fig, list(zip(axes[0], temps, strict=True))
+
+
 def _acceptance_plot(results, plt):
     """Acceptance per draft position (largest constant γ, pooled rows of each batch)."""
     settings = results["settings"]
-    temps = settings["temperatures"]
-    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
+    fig, panels = _panels(results, plt, 5, 3.6)
     g = max(settings["gammas"])
-    for ax, t in zip(axes[0], temps, strict=True):
+    for ax, t in panels:
         for b in settings["batches"]:
             for r in _pick(results, temperature=t, batch=b, schedule="constant", gamma=g):
                 acc = [np.nan if a is None else a for a in r["acceptance_at"]][:g]
@@ -127,11 +133,9 @@ def _acceptance_plot(results, plt):
 
 def _tokens_plot(results, plt):
     """Tokens per round vs γ, with the i.i.d. expectation at the measured α."""
-    settings = results["settings"]
-    temps = settings["temperatures"]
-    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
-    for ax, t in zip(axes[0], temps, strict=True):
-        for b in settings["batches"]:
+    fig, panels = _panels(results, plt, 5, 3.6)
+    for ax, t in panels:
+        for b in results["settings"]["batches"]:
             cs = _pick(results, temperature=t, batch=b, schedule="constant")
             gammas = [r["gamma"] for r in cs]
             ax.plot(gammas, [r["tokens_per_round"] for r in cs], "o-", label=f"batch {b}")
@@ -147,11 +151,9 @@ _MARKERS = {"heuristic": "^", "confidence": "s", "cost_model": "*", "ngram": "x"
 
 def _speedup_plot(results, plt):
     """Speedup vs γ, dynamic schedules as markers at their mean γ."""
-    settings = results["settings"]
-    temps = settings["temperatures"]
-    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
-    for ax, t in zip(axes[0], temps, strict=True):
-        for b in settings["batches"]:
+    fig, panels = _panels(results, plt, 5.5, 4)
+    for ax, t in panels:
+        for b in results["settings"]["batches"]:
             cs = _pick(results, temperature=t, batch=b, schedule="constant")
             (line,) = ax.plot(
                 [r["gamma"] for r in cs], [r["speedup"] for r in cs], "o-", label=f"batch {b}"

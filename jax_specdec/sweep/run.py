@@ -254,28 +254,38 @@ def run_sweep(
     # Steps per batch: the parts, each temperature, then the γ = 2 switch check.
     bar = tqdm(total=len(batches) * (len(temperatures) + 2), desc="sweep", disable=not progress)
     for batch in batches:
-        groups = _groups(prompts, batch, min_rows)
-        context = int(groups[0][1].max()) + max_new_tokens // 2
-        bar.set_postfix(batch=batch, step="calibrate")
-        parts = calibrate_costs(
-            target, draft, batch=batch, context=context, max_gamma=max_gamma, repeats=repeats
-        )
-        costs = {
-            "batch": batch,
-            "context": context,
-            "draft_step_ms": 1e3 * parts.draft_cost,
-            "verify_ms": [1e3 * c for c in parts.verify_costs],
-        }
-        bar.update()
-        for temperature in temperatures:
-            bar.set_postfix(batch=batch, t=temperature, step="schedules")
-            more, rows = _temperature(target, draft, groups, temperature, parts, sweep)
-            costs.update(more)
-            results["rows"] += [{"batch": batch, "temperature": temperature, **r} for r in rows]
-            bar.update()
-        results["costs"].append(costs)
-        bar.set_postfix(batch=batch, step="switch")
-        results["switch"].append(_switch(target, draft, groups, batch, sweep))
-        bar.update()
+        _batch(target, draft, _groups(prompts, batch, min_rows), batch, results, bar)
     bar.close()
     return results
+
+
+def _batch(target, draft, groups, batch: int, results: dict, bar) -> None:
+    """One batch size: the standalone parts, each temperature, the switch check."""
+    sweep = results["settings"]
+    context = int(groups[0][1].max()) + sweep["max_new_tokens"] // 2
+    bar.set_postfix(batch=batch, step="calibrate")
+    parts = calibrate_costs(
+        target,
+        draft,
+        batch=batch,
+        context=context,
+        max_gamma=sweep["max_gamma"],
+        repeats=sweep["repeats"],
+    )
+    costs = {
+        "batch": batch,
+        "context": context,
+        "draft_step_ms": 1e3 * parts.draft_cost,
+        "verify_ms": [1e3 * c for c in parts.verify_costs],
+    }
+    bar.update()
+    for temperature in sweep["temperatures"]:
+        bar.set_postfix(batch=batch, t=temperature, step="schedules")
+        more, rows = _temperature(target, draft, groups, temperature, parts, sweep)
+        costs.update(more)
+        results["rows"] += [{"batch": batch, "temperature": temperature, **r} for r in rows]
+        bar.update()
+    results["costs"].append(costs)
+    bar.set_postfix(batch=batch, step="switch")
+    results["switch"].append(_switch(target, draft, groups, batch, sweep))
+    bar.update()
