@@ -15,6 +15,7 @@ files are not permuted.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -60,12 +61,22 @@ class GGUFError(ValueError):
 
 
 def open_gguf(path: Path_):
-    """A `gguf.GGUFReader` on `path` (memory-mapped), or a one-line error naming the file."""
-    import gguf
+    """A `gguf.GGUFReader` on `path` (memory-mapped), or a one-line error naming the file.
 
+    The last reader is reused while the file is unchanged (parsing the metadata of a
+    50k-token vocabulary takes seconds; the model and its tokenizer both need it).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
+    stat = path.stat()
+    return _reader(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: Path, mtime_ns: int, size: int):
+    import gguf
+
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as e:  # the reader raises assorted errors on corrupt input

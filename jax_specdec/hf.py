@@ -36,6 +36,7 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "config_from_hf",
     "config_to_hf",
+    "eos_token_id",
     "load_model",
     "load_tokenizer",
     "save_model",
@@ -224,6 +225,20 @@ def load_tokenizer(path: Path_):
     if not file.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {directory}")
     return Tokenizer.from_file(str(file))
+
+
+def eos_token_id(path: Path_) -> int | None:
+    """The end-of-sequence id the model states (GGUF metadata, or config.json's
+    `eos_token_id`, the first one if a list), or None when it states none."""
+    if is_gguf(path):
+        from jax_specdec.gguf import open_gguf
+        from jax_specdec.gguf_tokenizer import special_token_ids
+
+        return special_token_ids(open_gguf(path)).get("eos")
+    value = _read_json(_directory(path) / "config.json").get("eos_token_id")
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) else None
 
 
 def is_gguf(path: Path_) -> bool:

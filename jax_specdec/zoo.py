@@ -168,3 +168,25 @@ def _check_sha256(file: Path, expected: str, what: str) -> None:
             digest.update(chunk)
     if digest.hexdigest() != expected:
         raise OSError(f"{what} has SHA-256 {digest.hexdigest()}, expected {expected}")
+
+
+COMPILE_CACHE_ENV = "JAX_SPECDEC_COMPILE_CACHE"  # "0" turns the persistent cache off
+
+
+def enable_compilation_cache(enabled: bool = True) -> Path | None:
+    """Turn on JAX's persistent compilation cache in `cache_dir()/xla` (the CLI does).
+
+    A later run of the same program loads the compiled executable instead of compiling
+    it again. Off when `enabled` is False or `$JAX_SPECDEC_COMPILE_CACHE` is "0"; an
+    explicit `$JAX_COMPILATION_CACHE_DIR` is left as the user set it. Returns the
+    directory, or None when off.
+    """
+    if not enabled or os.environ.get(COMPILE_CACHE_ENV, "1") == "0":
+        return None
+    directory = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_dir() / "xla")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(directory)
+    if "jax" in sys.modules:  # already imported: the environment is no longer read
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(directory))
+    return directory

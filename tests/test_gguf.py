@@ -190,3 +190,20 @@ def test_convert_bad_input_writes_nothing(tmp_path, good):
     with pytest.raises(GGUFError):
         convert_gguf(bad, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_convert(tmp_path, good, capsys):
+    from jax_specdec.cli import main
+
+    assert main(["convert", str(good), str(tmp_path / "ok")]) == 0
+    assert (tmp_path / "ok" / "model.safetensors").is_file()
+    capsys.readouterr()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(good.read_bytes()[:5000])
+    for source in (bad, tmp_path / "absent.gguf"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["convert", str(source), str(tmp_path / "out")])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and source.name in err and "Traceback" not in err
+        assert not (tmp_path / "out").exists()

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import argparse
 
-from jax_specdec.cli import balance, batch, generate, sweep, train
+from jax_specdec.cli import balance, batch, convert, generate, sweep, train
 
 __all__ = ["build_parser", "main"]
 
-SUBCOMMANDS = (balance, generate, sweep, batch, train)
+SUBCOMMANDS = (balance, generate, sweep, batch, train, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jax-specdec", description="Exact speculative decoding in JAX."
+    )
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not use JAX's persistent compilation cache (~/.cache/jax_specdec/xla; "
+        "also off with JAX_SPECDEC_COMPILE_CACHE=0)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
@@ -27,5 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jax_specdec.zoo import enable_compilation_cache
+
     args = build_parser().parse_args(argv)
+    enable_compilation_cache(not args.no_compile_cache)
     return args.handler(args, args.parser)

@@ -49,7 +49,13 @@ def read_prompts(path: str) -> list[str]:
 
 
 def model_dir(text: str, which: str) -> pathlib.Path:
-    """Resolves a model directory: as given, else relative to the installed checkout."""
+    """Resolves a model directory: as given, else relative to the installed checkout; a
+    model name (smollm2-135m, fetched on first use) or a .gguf file is taken as is."""
+    from jax_specdec import zoo
+    from jax_specdec.hf import is_gguf
+
+    if text in zoo.MODELS or is_gguf(text):
+        return pathlib.Path(zoo.resolve(text))
     path = pathlib.Path(text)
     if not path.is_dir():
         beside_package = pathlib.Path(__file__).resolve().parents[2] / text
@@ -61,6 +67,10 @@ def model_dir(text: str, which: str) -> pathlib.Path:
 
 
 def _tokenizer_text(directory: pathlib.Path) -> str | None:
+    if directory.is_file():  # a GGUF file: the tokenizer is in its metadata
+        from jax_specdec.hf import load_tokenizer
+
+        return load_tokenizer(directory).to_str()
     file = directory / "tokenizer.json"
     return file.read_text() if file.is_file() else None
 
@@ -70,6 +80,15 @@ def load_pair(args):
     from jax_specdec.hf import load_model, load_tokenizer
 
     target_dir = model_dir(args.target, "target")
+    if getattr(args, "eos", None) == "auto":  # the model's own EOS when it states one
+        from jax_specdec.hf import eos_token_id
+
+        stated = eos_token_id(target_dir)
+        args.eos = "auto" if stated is None else str(stated)
+    if getattr(args, "draft", None) == "ngram":  # model-free drafting (prompt lookup)
+        from jax_specdec.decode import NGram
+
+        return load_model(target_dir), NGram(), load_tokenizer(target_dir)
     draft_dir = model_dir(args.draft, "draft")
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
@@ -85,7 +104,11 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--eos", default="auto", help="'auto' (<|endoftext|>), 'none' or an id")
+    parser.add_argument(
+        "--eos",
+        default="auto",
+        help="'auto' (the model's EOS, else <|endoftext|>), 'none' or an id",
+    )
 
 
 def sampling(args):
