@@ -1,0 +1,324 @@
+"""One-command device benchmark: step costs and speculative vs autoregressive tokens/s.
+
+On a machine whose Python already has jax with CUDA (nothing else is installed here):
+
+    pip install --no-deps -e .
+    python scripts/device_bench.py results/h200          # about 8 minutes on one H200
+    python scripts/device_bench.py /tmp/quick --quick    # tiny shapes, CPU, under a minute
+
+Measures, in bfloat16 (random weights; timings do not depend on their values):
+1. the step-cost table on a SmolLM2-135M-shaped model: decode calls of 1-8 tokens per row
+   at batch 1, 8 and 64 with the cache allocated for 256 and 4096 positions
+   (`jax_specdec.bench.decode_step_time`), against the bare weight matmuls;
+2. speculative vs autoregressive tokens/s (public `speculative_generate` /
+   `autoregressive_generate`, timed with `jax_specdec.bench.time_interleaved`) on the
+   SmolLM2-shaped target with a ~45M draft and with the n-gram proposer, and on a ~1B
+   target with the same draft; the draft's embedding is a random projection of the
+   target's and both heads are sharpened by the same factor, so their distributions
+   agree partly (the acceptance rate α is reported);
+3. the two attention kernels (einsum vs `jax.nn.dot_product_attention`) on long contexts.
+
+Writes device_bench.json and device_bench.md into the folder named on the command line.
+Sections run in order, each within its share of `--budget-s`; cases left when a share is
+spent are listed under "skipped" rather than run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_specdec import NGram, SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.bench import bare_matmul_time, decode_step_time, time_interleaved
+from jax_specdec.nn import Transformer, TransformerConfig
+
+FULL = dict(
+    tokens=(1, 5, 2, 3, 8, 4, 6, 7),  # the most telling first, in case the budget runs out
+    batches=(1, 8, 64),
+    caches=((256, 192), (4096, 192), (4096, 3584)),  # (allocated, live context)
+    gen_batches=(1, 8),
+    gammas=(2, 4),
+    prompt_len=32,
+    new_tokens=128,
+    repeats=3,
+    steps=8,
+    kernel_tokens=(1, 5),
+)
+QUICK = dict(
+    tokens=(1, 2),
+    batches=(1, 2),
+    caches=((64, 16),),
+    gen_batches=(2,),
+    gammas=(2,),
+    prompt_len=8,
+    new_tokens=8,
+    repeats=1,
+    steps=2,
+    kernel_tokens=(1,),
+)
+
+
+def model_configs(quick: bool, dtype: str) -> dict[str, TransformerConfig]:
+    """smollm (SmolLM2-135M's shapes), target_1b (~1.0B) and draft (~45M), or tiny
+    stand-ins with the same structure for --quick."""
+    common = dict(dtype=dtype, param_dtype=dtype, tie_embeddings=True, max_len=8192)
+    if quick:
+        tiny = dict(vocab_size=512, num_heads=4, num_kv_heads=2, head_dim=16, **common)
+        return {
+            "smollm": TransformerConfig.llama(d_model=64, num_layers=2, mlp_dim=128, **tiny),
+            "target_1b": TransformerConfig.llama(d_model=96, num_layers=3, mlp_dim=192, **tiny),
+            "draft": TransformerConfig.llama(d_model=32, num_layers=1, mlp_dim=64, **tiny),
+        }
+    return {
+        "smollm": TransformerConfig.llama(
+            vocab_size=49152, d_model=576, num_layers=30, num_heads=9, num_kv_heads=3,
+            head_dim=64, mlp_dim=1536, rope_theta=100000.0, norm_eps=1e-5, **common,
+        ),
+        "target_1b": TransformerConfig.llama(
+            vocab_size=49152, d_model=2048, num_layers=20, num_heads=32, num_kv_heads=8,
+            head_dim=64, mlp_dim=5632, rope_theta=100000.0, norm_eps=1e-5, **common,
+        ),
+        "draft": TransformerConfig.llama(
+            vocab_size=49152, d_model=512, num_layers=6, num_heads=8, num_kv_heads=4,
+            head_dim=64, mlp_dim=1536, rope_theta=100000.0, norm_eps=1e-5, **common,
+        ),
+    }  # fmt: skip
+
+
+def parameter_count(model) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def sharpened(config: TransformerConfig, seed: int, sharpness: float, embed=None):
+    """A random model whose logits are dominated by the (tied) embedding: small block
+    weights, unit-variance embedding rows (`embed` if given), and a final norm scale
+    that puts the logit of the last token itself near sharpness * ln(vocab), so it keeps
+    about half the probability at sharpness 1 and the rest is spread (peakier above 1)."""
+    model = Transformer(config, rngs=nnx.Rngs(seed), init_scale=0.02)
+    if embed is None:
+        embed = jax.random.normal(jax.random.key(seed + 1000), model.embed.shape, jnp.float32)
+    model.embed.set_value(embed.astype(config.jnp_param_dtype))
+    level = sharpness * np.log(config.vocab_size) / config.d_model
+    scale = jnp.full((config.d_model,), level, jnp.float32)
+    model.final_norm.scale.set_value(scale.astype(config.jnp_param_dtype))
+    return model
+
+
+def draft_for(target, config: TransformerConfig, sharpness: float):
+    """A draft whose embedding is the target's projected to its width (E P, P ~ N(0, 1/d)):
+    E P (E P)^T approximates E E^T, so the two models' logits are correlated."""
+    e = target.embed.get_value().astype(jnp.float32)
+    p = jax.random.normal(jax.random.key(7), (e.shape[1], config.d_model)) / np.sqrt(config.d_model)
+    embed = (e @ p) * np.sqrt(config.d_model / e.shape[1])
+    return sharpened(config, 11, sharpness, embed=embed / jnp.std(embed))
+
+
+class Budget:
+    """Splits `total` seconds among named sections, in order; a section may also use
+    what earlier sections left."""
+
+    def __init__(self, total: float, shares: dict[str, float]):
+        self.start, self.total, self.shares = time.perf_counter(), total, shares
+        self.skipped: list[str] = []
+
+    def left(self, section: str) -> float:
+        names = list(self.shares)
+        upto = sum(self.shares[n] for n in names[: names.index(section) + 1])
+        deadline = self.total * upto / sum(self.shares.values())
+        return deadline - (time.perf_counter() - self.start)
+
+    def allows(self, section: str, label: str) -> bool:
+        if self.left(section) > 0:
+            return True
+        self.skipped.append(f"{section}: {label}")
+        return False
+
+
+def step_table(model, plan: dict, budget: Budget) -> dict:
+    """decode_step_time for every (tokens, batch, cache) case; bare matmuls per batch."""
+    bare = {}
+    for b in plan["batches"]:
+        timing = bare_matmul_time(model, batch=b, steps=plan["steps"], repeats=plan["repeats"])
+        bare[b] = 1e3 * timing.median
+    rows = []
+    for t in plan["tokens"]:
+        for b in plan["batches"]:
+            for cache_len, context in plan["caches"]:
+                label = f"T={t} B={b} cache={cache_len} context={context}"
+                if not budget.allows("steps", label):
+                    continue
+                timing = decode_step_time(
+                    model, batch=b, tokens_per_call=t, context=context, cache_len=cache_len,
+                    steps=plan["steps"], repeats=plan["repeats"],
+                )  # fmt: skip
+                rows.append(
+                    dict(batch=b, tokens=t, cache_len=cache_len, context=context,
+                         ms=1e3 * timing.median, compile_s=timing.compile)
+                )  # fmt: skip
+    for r in rows:  # ratios to the one-token step of the same batch, cache and context
+        place = lambda o: (o["batch"], o["cache_len"], o["context"])  # noqa: E731
+        one = [o for o in rows if o["tokens"] == 1 and place(o) == place(r)]
+        r["vs_one_token"] = r["ms"] / one[0]["ms"] if one else None
+        r["vs_bare"] = r["ms"] / bare[r["batch"]]
+    return {"bare_ms": bare, "rows": rows}
+
+
+def generation(name, target, drafts: dict, plan: dict, budget: Budget, section: str) -> list:
+    """Tokens/s of autoregressive decoding and of speculative decoding with each draft
+    and γ, at temperature 1, timed interleaved per batch size."""
+    sampling = SamplingConfig(temperature=1.0)
+    vocab = target.config.vocab_size
+    out = []
+    for batch in plan["gen_batches"]:
+        if not budget.allows(section, f"{name} batch {batch}"):
+            continue
+        prompts = np.asarray(
+            jax.random.randint(jax.random.key(batch), (batch, plan["prompt_len"]), 0, vocab)
+        ).tolist()
+        common = dict(key=jax.random.key(0), max_new_tokens=plan["new_tokens"], sampling=sampling)
+        labels, calls = (
+            ["autoregressive"],
+            [lambda p=prompts, c=common: autoregressive_generate(target, p, **c).tokens],
+        )
+        for draft_name, draft in drafts.items():
+            for gamma in plan["gammas"]:
+                labels.append(f"{draft_name} γ={gamma}")
+                calls.append(
+                    lambda d=draft, g=gamma, p=prompts, c=common: (
+                        speculative_generate(target, d, p, num_draft_tokens=g, **c).tokens
+                    )
+                )
+        timings = time_interleaved(calls, repeats=plan["repeats"])
+        ar = timings[0].median
+        for label, timing in zip(labels, timings, strict=True):
+            row = dict(model=name, batch=batch, method=label, s=timing.median,
+                       tokens_per_s=batch * plan["new_tokens"] / timing.median,
+                       speedup=ar / timing.median, compile_s=timing.compile)  # fmt: skip
+            if label != "autoregressive":
+                d_name, gamma = label.split(" γ=")
+                stats = speculative_generate(
+                    target, drafts[d_name], prompts, num_draft_tokens=int(gamma), **common
+                ).stats
+                row["alpha"] = float(stats.alpha)
+            out.append(row)
+    return out
+
+
+def kernels(model, plan: dict, budget: Budget) -> list:
+    """Steps at the longest context with each attention kernel."""
+    cache_len, context = plan["caches"][-1]
+    batch = plan["batches"][min(1, len(plan["batches"]) - 1)]
+    rows = []
+    for kernel in ("einsum", "dot_product_attention"):
+        for t in plan["kernel_tokens"]:
+            if not budget.allows("kernels", f"{kernel} T={t}"):
+                continue
+            os.environ["JAX_SPECDEC_ATTENTION"] = kernel
+            try:
+                timing = decode_step_time(
+                    model, batch=batch, tokens_per_call=t, context=context, cache_len=cache_len,
+                    steps=plan["steps"], repeats=plan["repeats"],
+                )  # fmt: skip
+            finally:
+                del os.environ["JAX_SPECDEC_ATTENTION"]
+            rows.append(dict(kernel=kernel, batch=batch, tokens=t, cache_len=cache_len,
+                             context=context, ms=1e3 * timing.median))  # fmt: skip
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# device_bench ({result['device']}, {result['dtype']})", ""]
+    lines += [f"Parameters: {result['parameters']}", "", "## Step cost (SmolLM2-135M shapes)", ""]
+    steps = result["steps"]
+    lines.append("bare weight matmuls (ms): " + ", ".join(
+        f"batch {b}: {ms:.2f}" for b, ms in steps["bare_ms"].items()))  # fmt: skip
+    lines += ["", "| batch | tokens per row | allocated cache | context | ms | vs 1-token step "
+              "| vs bare matmuls |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    order = lambda r: (r["batch"], r["cache_len"], r["context"], r["tokens"])  # noqa: E731
+    for r in sorted(steps["rows"], key=order):
+        one = "" if r["vs_one_token"] is None else f"{r['vs_one_token']:.2f}"
+        lines.append(f"| {r['batch']} | {r['tokens']} | {r['cache_len']} | {r['context']} | "
+                     f"{r['ms']:.2f} | {one} | {r['vs_bare']:.2f} |")  # fmt: skip
+    lines += ["", "## Speculative vs autoregressive (temperature 1)", ""]
+    lines += ["| model | batch | method | tokens/s | speedup | α |", "|---|---|---|---|---|---|"]
+    for r in result["generation"]:
+        alpha = f"{r['alpha']:.3f}" if "alpha" in r else ""
+        lines.append(f"| {r['model']} | {r['batch']} | {r['method']} | "
+                     f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f} | {alpha} |")  # fmt: skip
+    lines += ["", "## Attention kernels", "", "| kernel | batch | tokens | cache | context | ms |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in result["kernels"]:
+        lines.append(f"| {r['kernel']} | {r['batch']} | {r['tokens']} | {r['cache_len']} | "
+                     f"{r['context']} | {r['ms']:.2f} |")  # fmt: skip
+    if result["skipped"]:
+        lines += ["", "Skipped (budget spent): " + "; ".join(result["skipped"])]
+    lines += ["", f"Wall time {result['wall_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float) -> dict:
+    plan = QUICK if quick else FULL
+    start = time.perf_counter()
+    budget = Budget(budget_s, {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.1})
+    configs = model_configs(quick, dtype)
+    smollm = sharpened(configs["smollm"], 0, sharpness)
+    result = dict(device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
+                  dtype=dtype, quick=quick, jax=jax.__version__,
+                  python=platform.python_version(), plan=plan)  # fmt: skip
+    marks = [time.perf_counter()]
+    result["steps"] = step_table(smollm, plan, budget)
+    marks.append(time.perf_counter())
+    draft = draft_for(smollm, configs["draft"], sharpness)
+    drafts = {"draft": draft, "ngram": NGram(max_ngram=3)}
+    result["generation"] = generation("smollm", smollm, drafts, plan, budget, "smollm")
+    marks.append(time.perf_counter())
+    target = sharpened(configs["target_1b"], 1, sharpness)
+    draft = draft_for(target, configs["draft"], sharpness)
+    result["parameters"] = {
+        "smollm": parameter_count(smollm), "target_1b": parameter_count(target),
+        "draft": parameter_count(draft),
+    }  # fmt: skip
+    result["generation"] += generation(
+        "target_1b", target, {"draft": draft}, plan, budget, "target_1b"
+    )
+    marks.append(time.perf_counter())
+    result["kernels"] = kernels(smollm, plan, budget)
+    marks.append(time.perf_counter())
+    result["section_s"] = dict(zip(budget.shares, np.diff(marks).tolist(), strict=True))
+    result["skipped"] = budget.skipped
+    result["wall_s"] = time.perf_counter() - start
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "device_bench.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "device_bench.md"), "w") as f:
+        f.write(markdown(result))
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out_dir", help="folder for device_bench.json and device_bench.md")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: a CPU check in CI time")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds for all measurements (default 420, --quick 120)")  # fmt: skip
+    p.add_argument("--sharpness", type=float, default=1.0,
+                   help="logit of the repeated token / ln(vocab) in the random models")  # fmt: skip
+    args = p.parse_args(argv)
+    budget = args.budget_s if args.budget_s is not None else (120.0 if args.quick else 420.0)
+    result = run(args.out_dir, args.quick, args.dtype, budget, args.sharpness)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""scripts/device_bench.py --quick runs end to end on CPU and writes its JSON and table."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quick_run_writes_json_and_table(tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "device_bench.py"), str(out), "--quick"]
+    # A generous budget: on a loaded CI machine no case may be skipped.
+    subprocess.run(cmd + ["--budget-s", "900"], check=True, timeout=900, capture_output=True)
+    result = json.loads((out / "device_bench.json").read_text())
+    plan = result["plan"]
+    assert result["quick"] and result["dtype"] == "bfloat16" and result["skipped"] == []
+    steps = result["steps"]["rows"]
+    cases = {(r["tokens"], r["batch"], r["cache_len"]) for r in steps}
+    assert cases == {
+        (t, b, c) for t in plan["tokens"] for b in plan["batches"] for c, _ in plan["caches"]
+    }
+    assert all(r["ms"] > 0 and r["vs_bare"] > 0 for r in steps)
+    assert all(r["vs_one_token"] == 1.0 for r in steps if r["tokens"] == 1)
+    rows = result["generation"]
+    methods = {(r["model"], r["method"]) for r in rows}
+    assert ("smollm", "autoregressive") in methods and ("target_1b", "draft γ=2") in methods
+    assert ("smollm", "ngram γ=2") in methods
+    for r in rows:
+        assert r["tokens_per_s"] > 0
+        assert ("alpha" in r) == (r["method"] != "autoregressive")
+        assert 0.0 <= r.get("alpha", 0.0) <= 1.0
+    params = result["parameters"]
+    assert params["target_1b"] > params["smollm"] > params["draft"] > 0
+    assert {r["kernel"] for r in result["kernels"]} == {"einsum", "dot_product_attention"}
+    table = (out / "device_bench.md").read_text()
+    assert "| smollm | 2 | autoregressive |" in table and "Attention kernels" in table
