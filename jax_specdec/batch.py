@@ -294,7 +294,6 @@ def run_job(
 
     Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round).
     """
-    import jax
     from tqdm.auto import tqdm
 
     output = pathlib.Path(output)
@@ -308,64 +307,60 @@ def run_job(
         )
     plan = [[r for r in batch if r.key not in done] for batch in plan_batches(rows, batch_size)]
     plan = [batch for batch in plan if batch]
-    todo = sum(len(b) for b in plan)
-    totals = {"rows": 0, "tokens": 0, "accepted": 0, "rejected": 0, "rounds": 0, "drafted": 0}
+    totals = dict.fromkeys(("rows", "tokens", "accepted", "rejected", "rounds", "drafted"), 0)
     start = time.perf_counter()
-    bar = tqdm(total=todo, desc="batch", unit="row", disable=not progress)
+    bar = tqdm(total=sum(map(len, plan)), desc="batch", unit="row", disable=not progress)
     with open(output, "a", encoding="utf-8") as f:
         for batch in plan:
-            keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
-            out = generate(
-                [list(r.tokens) for r in batch], keys, batch[0].sampling, batch[0].max_new_tokens
-            )
-            tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-            s = out.stats
-            rounds, drafted = np.asarray(s.rounds), np.asarray(s.drafted)
-            accepted, rejected = np.asarray(s.accepted), np.asarray(s.rejected)
-            lines = []
-            for b, row in enumerate(batch):
-                ids = tokens[b, : lengths[b]].tolist()
-                lines.append(
-                    json.dumps(
-                        {
-                            "id": row.id,
-                            "seed": row.seed,
-                            "tokens": ids,
-                            "text": None if detokenize is None else detokenize(ids),
-                            "stats": {
-                                "generated": int(lengths[b]),
-                                "rounds": int(rounds[b]),
-                                "drafted": int(drafted[b]),
-                                "accepted": int(accepted[b]),
-                                "rejected": int(rejected[b]),
-                            },
-                        }
-                    )
-                )
-            f.write("".join(line + "\n" for line in lines))
+            results = _run_batch(batch, generate, detokenize)
+            # Appended and synced batch by batch: a killed job loses at most this batch.
+            f.write("".join(json.dumps(r) + "\n" for r in results))
             f.flush()
             os.fsync(f.fileno())
-            totals["rows"] += len(batch)
-            totals["tokens"] += int(lengths.sum())
-            totals["rounds"] += int(rounds.sum())
-            totals["drafted"] += int(drafted.sum())
-            totals["accepted"] += int(accepted.sum())
-            totals["rejected"] += int(rejected.sum())
-            elapsed = time.perf_counter() - start
+            totals["rows"] += len(results)
+            for r in results:
+                totals["tokens"] += r["stats"]["generated"]
+                for k in ("rounds", "drafted", "accepted", "rejected"):
+                    totals[k] += r["stats"][k]
             bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{totals['tokens'] / elapsed:.0f}")
+            bar.set_postfix(tok_s=f"{totals['tokens'] / (time.perf_counter() - start):.0f}")
     bar.close()
-    seconds = time.perf_counter() - start
+    return _summary(totals, len(done), time.perf_counter() - start)
+
+
+def _run_batch(batch: list[JobRow], generate, detokenize) -> list[dict]:
+    """One batch through `generate`: an output record per row."""
+    import jax
+
+    keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
+    out = generate(
+        [list(r.tokens) for r in batch], keys, batch[0].sampling, batch[0].max_new_tokens
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    counters = {
+        k: np.asarray(getattr(out.stats, k)) for k in ("rounds", "drafted", "accepted", "rejected")
+    }
+    records = []
+    for b, row in enumerate(batch):
+        ids = tokens[b, : lengths[b]].tolist()
+        stats = {"generated": int(lengths[b]), **{k: int(v[b]) for k, v in counters.items()}}
+        text = None if detokenize is None else detokenize(ids)
+        records.append(
+            {"id": row.id, "seed": row.seed, "tokens": ids, "text": text, "stats": stats}
+        )
+    return records
+
+
+def _summary(totals: dict, skipped: int, seconds: float) -> dict:
     judged = totals["accepted"] + totals["rejected"]
+    rounds = totals["rounds"]
     return {
         "rows_run": totals["rows"],
-        "rows_skipped_as_finished": len(done),
+        "rows_skipped_as_finished": skipped,
         "tokens": totals["tokens"],
         "seconds": seconds,
         "tokens_per_second": totals["tokens"] / seconds if seconds else 0.0,
         "rows_per_second": totals["rows"] / seconds if seconds else 0.0,
         "alpha": totals["accepted"] / judged if judged else None,
-        "tokens_per_round": (totals["tokens"] - totals["rows"]) / totals["rounds"]
-        if totals["rounds"]
-        else None,
+        "tokens_per_round": (totals["tokens"] - totals["rows"]) / rounds if rounds else None,
     }

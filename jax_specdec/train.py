@@ -165,36 +165,14 @@ def train(
     """
     from tqdm.auto import tqdm
 
-    if config.divergence != "ce" and teacher is None:
-        raise ValueError(f"divergence {config.divergence!r} needs a teacher model")
-    if teacher is not None and teacher.config.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"teacher vocabulary {teacher.config.vocab_size} differs from the student's "
-            f"{model.config.vocab_size}"
-        )
+    _check_teacher(model, teacher, config)
     optimizer = nnx.Optimizer(model, config.optimizer(), wrt=nnx.Param)
     checkpoint_dir = pathlib.Path(checkpoint_dir).absolute()
     manager = ocp.CheckpointManager(
         checkpoint_dir,
         options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
     )
-    log = {"train_loss": [], "validation_loss": [], "seconds": 0.0, "resumed_from": None}
-    start = 0
-    latest = manager.latest_step()
-    if latest is not None:
-        template = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-        restored = manager.restore(latest, args=ocp.args.StandardRestore(template))
-        nnx.update(model, restored["model"])
-        nnx.update(optimizer, restored["optimizer"])
-        log_path = checkpoint_dir / "log.json"
-        if log_path.exists():
-            import json
-
-            log = json.loads(log_path.read_text())
-            log["train_loss"] = [x for x in log["train_loss"] if x[0] <= latest]
-            log["validation_loss"] = [x for x in log["validation_loss"] if x[0] <= latest]
-        log["resumed_from"] = latest
-        start = latest
+    log, start = _resume(manager, model, optimizer, checkpoint_dir)
     end = config.steps if stop_after is None else min(config.steps, stop_after)
     tokens_per_step = config.batch_size * config.seq_len
     bar = tqdm(
@@ -207,24 +185,15 @@ def train(
     t0 = time.perf_counter()
     seconds_before = log["seconds"]
     for step in bar:
-        windows = jnp.asarray(
-            sample_windows(
-                train_stream,
-                batch=config.batch_size,
-                length=config.seq_len,
-                seed=config.seed,
-                step=step,
-            )
-        )
+        window = dict(batch=config.batch_size, length=config.seq_len, seed=config.seed)
+        windows = jnp.asarray(sample_windows(train_stream, step=step, **window))
         loss = _train_step(model, optimizer, teacher, windows, config)
         done = step + 1
         if done % 10 == 0 or done == end:
             loss = float(loss)
             log["train_loss"].append((done, loss))
-            elapsed = time.perf_counter() - t0
-            bar.set_postfix(
-                loss=f"{loss:.3f}", tok_s=f"{tokens_per_step * (done - start) / elapsed:.0f}"
-            )
+            tok_s = tokens_per_step * (done - start) / (time.perf_counter() - t0)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}")
         if done % config.eval_every == 0 or done == config.steps:
             log["validation_loss"].append((done, evaluate_loss(model, validation_stream, config)))
             bar.write(f"step {done}: validation loss {log['validation_loss'][-1][1]:.4f}")
@@ -237,6 +206,37 @@ def train(
     log["steps"] = end
     log["tokens_seen"] = end * tokens_per_step
     return log
+
+
+def _check_teacher(model, teacher, config: TrainConfig) -> None:
+    if config.divergence != "ce" and teacher is None:
+        raise ValueError(f"divergence {config.divergence!r} needs a teacher model")
+    if teacher is not None and teacher.config.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"teacher vocabulary {teacher.config.vocab_size} differs from the student's "
+            f"{model.config.vocab_size}"
+        )
+
+
+def _resume(manager, model, optimizer, checkpoint_dir: pathlib.Path) -> tuple[dict, int]:
+    """Restores model and optimizer from the latest checkpoint, if any: (log, step)."""
+    log = {"train_loss": [], "validation_loss": [], "seconds": 0.0, "resumed_from": None}
+    latest = manager.latest_step()
+    if latest is None:
+        return log, 0
+    template = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+    restored = manager.restore(latest, args=ocp.args.StandardRestore(template))
+    nnx.update(model, restored["model"])
+    nnx.update(optimizer, restored["optimizer"])
+    log_path = checkpoint_dir / "log.json"
+    if log_path.exists():
+        import json
+
+        log = json.loads(log_path.read_text())
+        log["train_loss"] = [x for x in log["train_loss"] if x[0] <= latest]
+        log["validation_loss"] = [x for x in log["validation_loss"] if x[0] <= latest]
+    log["resumed_from"] = latest
+    return log, latest
 
 
 def _save(manager, step, model, optimizer, log, checkpoint_dir):

@@ -162,6 +162,7 @@ class Generator:
         models = [("target", self.target)]
         if self.draft_model is not None:
             models.append(("draft", self.draft_model))
+        self._models = models
         self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
         self._defs, self._states = [], []
         for _, model in models:
@@ -185,16 +186,12 @@ class Generator:
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
         )
-        models = [("target", self.target)] + (
-            [("draft", self.draft_model)] if self.draft_model else []
-        )
-        for name, model in models:
+        for name, model in self._models:
             _check_fits(model, name, request)
+        gamma_max = 0 if self.schedule is None else self.schedule.max_gamma
         cache_len = min(
-            request.longest
-            + request.max_new_tokens
-            + (self.schedule.max_gamma if self.schedule else 0),
-            *(m.config.max_len for _, m in models),
+            request.longest + request.max_new_tokens + gamma_max,
+            *(m.config.max_len for _, m in self._models),
         )
         config = LoopConfig(
             target_def=self._defs[0],
