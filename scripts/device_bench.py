@@ -16,7 +16,8 @@ Measures, in bfloat16 (random weights; timings do not depend on their values):
    target with the same draft; the draft's embedding is a random projection of the
    target's and both heads are sharpened by the same factor, so their distributions
    agree partly (the acceptance rate α is reported);
-3. the two attention kernels (einsum vs `jax.nn.dot_product_attention`) on long contexts.
+3. the attention kernels (einsum, and `jax.nn.dot_product_attention` through XLA and
+   cuDNN) at the longest context.
 
 Writes device_bench.json and device_bench.md into the folder named on the command line.
 Sections run in order, each within its share of `--budget-s`; cases left when a share is
@@ -39,7 +40,7 @@ from flax import nnx
 
 from jax_specdec import NGram, SamplingConfig, autoregressive_generate, speculative_generate
 from jax_specdec.bench import bare_matmul_time, decode_step_time, time_interleaved
-from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.nn import Transformer, TransformerConfig, attention
 
 FULL = dict(
     tokens=(1, 5, 2, 3, 8, 4, 6, 7),  # the most telling first, in case the budget runs out
@@ -218,7 +219,7 @@ def kernels(model, plan: dict, budget: Budget) -> list:
     cache_len, context = plan["caches"][-1]
     batch = plan["batches"][min(1, len(plan["batches"]) - 1)]
     rows = []
-    for kernel in ("einsum", "dot_product_attention"):
+    for kernel in attention.KERNELS:
         for t in plan["kernel_tokens"]:
             if not budget.allows("kernels", f"{kernel} T={t}"):
                 continue

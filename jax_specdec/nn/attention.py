@@ -10,8 +10,8 @@ exactly zero there). A loop over key/value blocks with an online softmax, measur
 against it on this project's CPU, was no faster (docs/step_cost.md).
 
 The attention kernel is chosen by backend (`kernel`): on GPU `jax.nn.dot_product_attention`
-(cuDNN where it applies), elsewhere the einsum formulation below; both take the same
-concatenated keys, values and mask.
+through cuDNN where it applies, elsewhere the einsum formulation below; every kernel
+takes the same parts (keys, values, masks) and computes the same masked softmax.
 """
 
 from __future__ import annotations
@@ -52,17 +52,20 @@ def heads_first(x: jax.Array) -> jax.Array:
     return x.transpose(0, 2, 1, 3)
 
 
+KERNELS = ("einsum", "xla", "cudnn")
+
+
 def kernel() -> str:
-    """ "dot_product_attention" on GPU, "einsum" elsewhere; the environment variable
-    JAX_SPECDEC_ATTENTION overrides the choice (read at trace time)."""
+    """The attention kernel: "cudnn" (`jax.nn.dot_product_attention` through cuDNN, falling
+    back to "xla" where cuDNN refuses the call) on GPU, "einsum" (the formulation below)
+    elsewhere; "xla" is `jax.nn.dot_product_attention`'s own XLA implementation. The
+    environment variable JAX_SPECDEC_ATTENTION overrides the choice (read at trace time)."""
     chosen = os.environ.get("JAX_SPECDEC_ATTENTION")
     if chosen:
-        if chosen not in ("einsum", "dot_product_attention"):
-            raise ValueError(
-                f"JAX_SPECDEC_ATTENTION must be einsum or dot_product_attention, got {chosen!r}"
-            )
+        if chosen not in KERNELS:
+            raise ValueError(f"JAX_SPECDEC_ATTENTION must be one of {KERNELS}, got {chosen!r}")
         return chosen
-    return "dot_product_attention" if jax.default_backend() == "gpu" else "einsum"
+    return "cudnn" if jax.default_backend() == "gpu" else "einsum"
 
 
 def attention(q: jax.Array, parts) -> jax.Array:
@@ -76,8 +79,8 @@ def attention(q: jax.Array, parts) -> jax.Array:
     Returns:
         [B, T, H, hd] float32.
     """
-    if kernel() == "dot_product_attention":
-        return _dot_product_attention(q, parts)
+    if kernel() != "einsum":
+        return _dot_product_attention(q, parts, kernel())
     B, T, H, hd = q.shape
     K = parts[0][0].shape[1]
     q = q.reshape(B, T, K, H // K, hd)
@@ -112,15 +115,20 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 3, 1, 2, 4)
 
 
-def _dot_product_attention(q: jax.Array, parts) -> jax.Array:
+def _dot_product_attention(q: jax.Array, parts, implementation: str) -> jax.Array:
     """`attention` through `jax.nn.dot_product_attention` (keys concatenated, positions
     before heads as it wants them)."""
     B, T, _, _ = q.shape
     k = jnp.concatenate([heads_first(k) for k, _, _ in parts], axis=1).astype(q.dtype)
     v = jnp.concatenate([heads_first(v) for _, v, _ in parts], axis=1).astype(q.dtype)
     mask = jnp.concatenate([jnp.broadcast_to(m, (B, T, m.shape[-1])) for _, _, m in parts], axis=-1)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
-    return out.astype(_F32)
+    call = functools.partial(jax.nn.dot_product_attention, q, k, v, mask=mask[:, None])
+    if implementation == "cudnn":
+        try:
+            return call(implementation="cudnn").astype(_F32)
+        except (ValueError, NotImplementedError, TypeError, RuntimeError):
+            pass  # e.g. float32, a head size or mask cuDNN does not take
+    return call(implementation="xla").astype(_F32)
 
 
 def live_sizes(max_len: int, block: int | None = None) -> tuple[int, ...]:
