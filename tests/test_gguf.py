@@ -192,8 +192,10 @@ def test_convert_bad_input_writes_nothing(tmp_path, good):
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_convert(tmp_path, good, capsys):
+def test_cli_convert(tmp_path, good, capsys, monkeypatch):
     from jax_specdec.cli import main
+
+    monkeypatch.setenv("JAX_SPECDEC_COMPILE_CACHE", "0")  # leave the user's cache alone
 
     assert main(["convert", str(good), str(tmp_path / "ok")]) == 0
     assert (tmp_path / "ok" / "model.safetensors").is_file()
