@@ -223,16 +223,19 @@ def kernels(model, plan: dict, budget: Budget) -> list:
         for t in plan["kernel_tokens"]:
             if not budget.allows("kernels", f"{kernel} T={t}"):
                 continue
+            row = dict(kernel=kernel, batch=batch, tokens=t, cache_len=cache_len, context=context)
             os.environ["JAX_SPECDEC_ATTENTION"] = kernel
             try:
                 timing = decode_step_time(
                     model, batch=batch, tokens_per_call=t, context=context, cache_len=cache_len,
                     steps=plan["steps"], repeats=plan["repeats"],
                 )  # fmt: skip
+                row["ms"] = 1e3 * timing.median
+            except Exception as error:  # a kernel the device refuses must not end the run
+                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
             finally:
                 del os.environ["JAX_SPECDEC_ATTENTION"]
-            rows.append(dict(kernel=kernel, batch=batch, tokens=t, cache_len=cache_len,
-                             context=context, ms=1e3 * timing.median))  # fmt: skip
+            rows.append(row)
     return rows
 
 
@@ -258,8 +261,9 @@ def markdown(result: dict) -> str:
     lines += ["", "## Attention kernels", "", "| kernel | batch | tokens | cache | context | ms |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["kernels"]:
+        ms = f"{r['ms']:.2f}" if "ms" in r else r["error"]
         lines.append(f"| {r['kernel']} | {r['batch']} | {r['tokens']} | {r['cache_len']} | "
-                     f"{r['context']} | {r['ms']:.2f} |")  # fmt: skip
+                     f"{r['context']} | {ms} |")  # fmt: skip
     if result["skipped"]:
         lines += ["", "Skipped (budget spent): " + "; ".join(result["skipped"])]
     lines += ["", f"Wall time {result['wall_s']:.0f} s."]

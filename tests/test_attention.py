@@ -42,6 +42,7 @@ def test_live_sizes_and_index():
     assert attention.live_sizes(200, 16) == (16, 32, 64, 128, 200)
     assert attention.live_sizes(16, 16) == (16,)
     assert attention.live_sizes(10, 16) == (10,)
+    assert attention.live_sizes(4096, 16) == (256, 512, 1024, 2048, 4096)  # the 5 largest
     sizes = attention.live_sizes(200, 16)
     for lengths, index in [([0], 0), ([16, 3], 0), ([17, 3], 1), ([5, 64], 2), ([129], 4)]:
         assert int(attention.live_index(jnp.asarray(lengths), sizes)) == index

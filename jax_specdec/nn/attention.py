@@ -3,15 +3,16 @@ and attention over a cache's live prefix only.
 
 A decode or verify call attends over the cache only up to its longest live row,
 rounded up to one of a few static sizes (`live_sizes`: a block, then doubling, then
-the cache's size): `lax.switch` picks the branch whose static slice of the cache covers
-every row. The maths in each branch is the plain masked softmax of `attention`, so the
-logits equal full-cache attention's within float32 rounding (the masked positions added
-exactly zero there). A loop over key/value blocks with an online softmax, measured
-against it on this project's CPU, was no faster (docs/step_cost.md).
+the cache's size; at most five): `lax.switch` picks the branch whose static slice of
+the cache covers every row. The maths in each branch is the plain masked softmax of
+`attention`, so the logits equal full-cache attention's within float32 rounding (the
+masked positions added exactly zero there). A loop over key/value blocks with an
+online softmax, measured against it on this project's CPU, was no faster
+(docs/step_cost.md).
 
-The attention kernel is chosen by backend (`kernel`): on GPU `jax.nn.dot_product_attention`
-through cuDNN where it applies, elsewhere the einsum formulation below; every kernel
-takes the same parts (keys, values, masks) and computes the same masked softmax.
+The attention kernel is chosen by backend (`kernel`): on GPU `jax.nn.dot_product_attention`,
+elsewhere the einsum formulation below; every kernel takes the same parts (keys,
+values, masks) and computes the same masked softmax.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ _F32 = jnp.float32
 
 #: smallest static prefix a call attends over; prefixes double from here to the cache size.
 LIVE_BLOCK = 16
+#: at most this many prefix sizes (the largest): every size is one more branch per layer
+#: to compile (compile time grew 1.5-4x with up to 7 of them on the SmolLM2 shapes).
+MAX_LIVE_SIZES = 5
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -56,16 +60,18 @@ KERNELS = ("einsum", "xla", "cudnn")
 
 
 def kernel() -> str:
-    """The attention kernel: "cudnn" (`jax.nn.dot_product_attention` through cuDNN, falling
-    back to "xla" where cuDNN refuses the call) on GPU, "einsum" (the formulation below)
-    elsewhere; "xla" is `jax.nn.dot_product_attention`'s own XLA implementation. The
-    environment variable JAX_SPECDEC_ATTENTION overrides the choice (read at trace time)."""
+    """The attention kernel: "xla" (`jax.nn.dot_product_attention`, its XLA
+    implementation) on GPU, "einsum" (the formulation below) elsewhere; "cudnn" asks
+    `jax.nn.dot_product_attention` for cuDNN and falls back to "xla" where cuDNN refuses
+    the call while tracing. cuDNN is not the GPU default because no GPU has run it here
+    (scripts/device_bench.py times all three). The environment variable
+    JAX_SPECDEC_ATTENTION overrides the choice (read at trace time)."""
     chosen = os.environ.get("JAX_SPECDEC_ATTENTION")
     if chosen:
         if chosen not in KERNELS:
             raise ValueError(f"JAX_SPECDEC_ATTENTION must be one of {KERNELS}, got {chosen!r}")
         return chosen
-    return "cudnn" if jax.default_backend() == "gpu" else "einsum"
+    return "xla" if jax.default_backend() == "gpu" else "einsum"
 
 
 def attention(q: jax.Array, parts) -> jax.Array:
@@ -133,13 +139,14 @@ def _dot_product_attention(q: jax.Array, parts, implementation: str) -> jax.Arra
 
 def live_sizes(max_len: int, block: int | None = None) -> tuple[int, ...]:
     """The static prefix sizes a cache of `max_len` positions is attended over:
-    block, 2 block, 4 block, ... below max_len, then max_len."""
+    block, 2 block, 4 block, ... below max_len, then max_len; only the largest
+    `MAX_LIVE_SIZES` of them."""
     block = LIVE_BLOCK if block is None else block
     sizes, size = [], block
     while size < max_len:
         sizes.append(size)
         size *= 2
-    return (*sizes, max_len)
+    return (*sizes, max_len)[-MAX_LIVE_SIZES:]
 
 
 def live_index(lengths: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
