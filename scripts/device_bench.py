@@ -12,7 +12,7 @@ Measures, in bfloat16 (random weights; timings do not depend on their values):
    (`jax_specdec.bench.decode_step_time`), against the bare weight matmuls;
 2. speculative vs autoregressive tokens/s (public `speculative_generate` /
    `autoregressive_generate`, timed with `jax_specdec.bench.time_interleaved`) on the
-   SmolLM2-shaped target with a ~45M draft and with the n-gram proposer, and on a ~1B
+   SmolLM2-shaped target with a 44M draft and with the n-gram proposer, and on a ~1B
    target with the same draft; the draft's embedding is a random projection of the
    target's and both heads are sharpened by the same factor, so their distributions
    agree partly (the acceptance rate α is reported);
@@ -69,7 +69,7 @@ QUICK = dict(
 
 
 def model_configs(quick: bool, dtype: str) -> dict[str, TransformerConfig]:
-    """smollm (SmolLM2-135M's shapes), target_1b (~1.0B) and draft (~45M), or tiny
+    """smollm (SmolLM2-135M's shapes), target_1b (~1.0B) and draft (44M), or tiny
     stand-ins with the same structure for --quick."""
     common = dict(dtype=dtype, param_dtype=dtype, tie_embeddings=True, max_len=8192)
     if quick:
