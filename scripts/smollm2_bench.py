@@ -1,8 +1,9 @@
-"""SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32) at batch 1: our autoregressive
+"""SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32): our autoregressive
 and n-gram speculative decoding against transformers' greedy `generate` and its prompt
 lookup, all timed interleaved in one process, compilation apart.
 
-    python scripts/smollm2_bench.py                    # the table of docs/models.md
+    python scripts/smollm2_bench.py --prompts 2        # the batch-1 table of docs/models.md
+    python scripts/smollm2_bench.py --batch 8          # one batch of 8 rows (4 prompts x 2)
     python scripts/smollm2_bench.py --compile-only     # compile times (run it twice: the
                                                        # second run reads the persistent cache)
 
@@ -40,24 +41,32 @@ def read_bandwidth() -> float:
     return a.nbytes / statistics.median(times)
 
 
-def ours(target, ids, new_tokens, draft):
+def ours(target, rows, new_tokens, draft):
     import jax
 
     from jax_specdec.decode import Generator
 
-    run = Generator(target, draft).bind([ids], key=jax.random.key(0), max_new_tokens=new_tokens)
+    run = Generator(target, draft).bind(rows, key=jax.random.key(0), max_new_tokens=new_tokens)
     return lambda: jax.block_until_ready(run())
 
 
-def theirs(model, ids, new_tokens, **kw):
+def theirs(model, rows, new_tokens, **kw):
     import torch
 
-    x = torch.tensor([ids])
+    width = max(len(r) for r in rows)  # left-padded, as transformers generates
+    x = torch.tensor([[2] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
 
     def call():
         with torch.no_grad():
             return model.generate(
-                x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kw
+                x,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=2,
+                **kw,
             )
 
     return call
@@ -72,7 +81,7 @@ def timed(fn) -> float:
 def compile_times(target, tok, new_tokens: int) -> None:
     from jax_specdec.decode import NGram
 
-    ids = tok.encode(PROMPTS[0]).ids
+    ids = [tok.encode(PROMPTS[0]).ids]
     for name, draft in (("n-gram speculative", NGram()), ("autoregressive", None)):
         fn = ours(target, ids, new_tokens, draft)
         first = timed(fn)
@@ -87,6 +96,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="B > 1: one batch of the prompts, cycled to B rows"
+    )
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args(argv)
 
@@ -118,9 +130,13 @@ def main(argv=None) -> int:
     }
     seconds = {m: [] for m in methods}
     compiles = {m: [] for m in methods}
-    prompts = PROMPTS[: args.prompts]
-    for prompt in prompts:
-        ids = tok.encode(prompt).ids
+    if args.batch > 1:  # transformers' prompt lookup runs at batch 1 only
+        methods.pop("transformers prompt lookup (10)")
+        groups = [[PROMPTS[i % args.prompts] for i in range(args.batch)]]
+    else:
+        groups = [[p] for p in PROMPTS[: args.prompts]]
+    for group in groups:
+        ids = [tok.encode(p).ids for p in group]
         fns = {m: make(ids) for m, make in methods.items()}
         firsts = {m: timed(fn) for m, fn in fns.items()}
         runs = {m: [] for m in methods}
@@ -130,26 +146,27 @@ def main(argv=None) -> int:
         for m in methods:
             seconds[m].append(statistics.median(runs[m]))
             compiles[m].append(firsts[m] - statistics.median(runs[m]))
-        row = ", ".join(f"{m}: {n / seconds[m][-1]:.1f} tok/s" for m in methods)
-        print(f"prompt {len(seconds[m])}: {row}", flush=True)
+        row = ", ".join(f"{m}: {n * len(ids) / seconds[m][-1]:.1f} tok/s" for m in methods)
+        print(f"group {len(seconds[m])}: {row}", flush=True)
     bandwidth = read_bandwidth()
     weight_bytes = sum(x.nbytes for x in __import__("jax").tree.leaves(_state(target)))
     base = sum(seconds["ours, autoregressive"])
     print(
-        f"| method (batch 1, greedy, {n} new tokens, {len(prompts)} prompts) | tokens/s "
+        f"| method (batch {args.batch}, greedy, {n} new tokens, {args.prompts} prompts) "
+        "| tokens/s "
         "| vs ours autoregressive | first-call overhead |"
     )
     print("|---|---|---|---|")
     for m in methods:
         total = sum(seconds[m])
         print(
-            f"| {m} | {n * len(prompts) / total:.1f} | {base / total:.2f}x "
+            f"| {m} | {n * args.batch * len(groups) / total:.1f} | {base / total:.2f}x "
             f"| {statistics.median(compiles[m]):.1f} s |"
         )
     step = weight_bytes / bandwidth
     print(
         f"| one weight pass ({weight_bytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s) "
-        f"| {1 / step:.1f} (bound) | | |"
+        f"| {args.batch / step:.1f} (bound) | | |"
     )
     return 0
 
