@@ -211,6 +211,25 @@ def test_ragged_rows_and_rollback(name):
         np.testing.assert_allclose(logits[b], full_logits(model, row)[-2:], atol=ATOL)
 
 
+@pytest.mark.parametrize("name", ["llama_bias_tied", "gpt2"])
+def test_features_are_what_the_lm_head_reads(name):
+    """features=True gives the final-normed top-layer states: the same from the full
+    forward, a cached decode and decode_entries, and the logits are their head."""
+    config = CONFIGS[name]
+    model = make(config)
+    tokens = random_tokens(5, (2, 7), config.vocab_size)
+    logits, feats = model(tokens, features=True)
+    assert feats.shape == (2, 7, config.d_model)
+    np.testing.assert_allclose(logits, model(tokens), atol=ATOL)
+    np.testing.assert_allclose(model._logits(feats), logits, atol=ATOL)
+    cache = init_cache(config, batch=2, max_len=16)
+    _, cache, first = model.decode(tokens[:, :4], cache, features=True)
+    out = model.decode_entries(tokens[:, 4:], cache, features=True)
+    assert len(out) == 4
+    np.testing.assert_allclose(first, feats[:, :4], atol=ATOL)
+    np.testing.assert_allclose(out[3], feats[:, 4:], atol=ATOL)
+
+
 def test_decode_inside_jit_and_while_loop():
     config = CONFIGS["llama"]
     model = make(config)

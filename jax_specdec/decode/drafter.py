@@ -15,6 +15,13 @@ drafts with, if any, is passed to its methods as an argument. Each round calls:
 3. `commit(cache, prepared, entries, before, after, width, config)` after the switch:
    writes the entries, and sets the cache's valid length from the round's outcome.
 
+A drafter whose `reads_features` attribute is true also gets the target's features
+(its top layer's hidden states after the final norm, `Transformer.decode_entries(...,
+features=True)`): `init(..., features=[B, P, D])` for the prompt, and `commit(...,
+features=[B, γ_max + 1, D])` for the positions `before - 1 …` the round verified (the
+first `after - before + 1` are the accepted ones and the position of the correction).
+Every round of such a drafter goes through the verify call (no plain γ = 0 steps).
+
 The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
 drafters; a schedule only picks γ.
 """
@@ -25,7 +32,12 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 
-__all__ = ["DraftInputs", "Drafter", "Proposal"]
+__all__ = ["DraftInputs", "Drafter", "Proposal", "reads_features"]
+
+
+def reads_features(drafter) -> bool:
+    """Whether the drafter takes the target's features (see the module docstring)."""
+    return bool(getattr(drafter, "reads_features", False))
 
 
 class DraftInputs(NamedTuple):

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafter import reads_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
@@ -26,13 +27,17 @@ def init_state(target, draft, prompts, prompt_lengths, keys, config: LoopConfig)
     """Prefills the target (and the drafter) with the prompts [B, P] and emits each row's
     first token, drawn with fold_in(keys[b], 0)."""
     batch, width = prompts.shape
-    logits, target_cache = target.decode(prompts, new_cache(target.config, batch, config))
+    features = reads_features(config.drafter)
+    logits, target_cache, *hidden = target.decode(
+        prompts, new_cache(target.config, batch, config), features=features
+    )
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
     last = last[:, : config.vocab_size]
     target_cache = target_cache.replace(lengths=prompt_lengths)
     draft_cache = None
     if config.drafter is not None:
-        draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config)
+        extra = {"features": hidden[0]} if features else {}
+        draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config, **extra)
     first = choose(
         round_keys(keys, 0), last, probs_from_logits(last, config.sampling), config.sampling
     )
@@ -58,7 +63,9 @@ def _loop_body(target, draft, config: LoopConfig):
     if not config.speculative:
         return functools.partial(autoregressive_step, target, config=config)
     body = functools.partial(speculative_round, target, draft, config=config)
-    if config.schedule.min_gamma == 0:  # rounds may skip drafting
+    # Rounds may skip drafting: plain steps then, unless the drafter reads the features
+    # only the verify call gives.
+    if config.schedule.min_gamma == 0 and not reads_features(config.drafter):
         body = then_skipping(body, target, config)
     return body
 

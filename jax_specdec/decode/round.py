@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import DraftInputs
+from jax_specdec.decode.drafter import DraftInputs, reads_features
 from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
 from jax_specdec.decode.state import (
     LoopState,
@@ -55,20 +55,25 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
 
     def round_of_width(w, light):
         proposal = drafter.propose(draft, draft_cache, inputs, prepared, w, config)
-        light, entries = verify(target, target_cache, light, proposal, counts, noise, config)
-        return light, entries, proposal.entries
+        light, entries, features = verify(
+            target, target_cache, light, proposal, counts, noise, config
+        )
+        return light, entries, proposal.entries, features
 
     if fixed and cap is None:
         width = gamma_max
-        light, target_entries, draft_entries = round_of_width(gamma_max, light)
+        light, target_entries, draft_entries, features = round_of_width(gamma_max, light)
     else:
         width = want if cap is None else _widest(counts, active, gamma_max)
         branches = [functools.partial(round_of_width, w) for w in range(gamma_max + 1)]
-        light, target_entries, draft_entries = jax.lax.switch(width, branches, light)
+        light, target_entries, draft_entries, features = jax.lax.switch(width, branches, light)
 
     before, after = state.lengths, light.lengths
     target_cache = write_entries(target_cache, *target_entries, written_after(before - 1, after))
-    draft_cache = drafter.commit(draft_cache, prepared, draft_entries, before, after, width, config)
+    extra = {"features": features} if reads_features(drafter) else {}
+    draft_cache = drafter.commit(
+        draft_cache, prepared, draft_entries, before, after, width, config, **extra
+    )
     return light.replace(
         target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
     )

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jax_specdec.acceptance import AcceptResult, accept_with_noise
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import Proposal
+from jax_specdec.decode.drafter import Proposal, reads_features
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite
@@ -36,14 +36,16 @@ def verify(
       config: the loop's static config.
 
     Returns:
-      The state after the round (caches untouched) and the target's entries for
-      positions lengths - 1 …, padded to γ_max + 1 per layer.
+      The state after the round (caches untouched); the target's entries for
+      positions lengths - 1 …, padded to γ_max + 1 per layer; and, for a drafter that
+      reads features, the target's features there [B, γ_max + 1, D] (else None).
     """
     width = proposal.tokens.shape[1]
     pending = gather_last(state.tokens, state.lengths, 1)
-    logits, keys, values = target.decode_entries(
+    logits, keys, values, *features = target.decode_entries(
         jnp.concatenate([pending, proposal.tokens], axis=1),
         cache.replace(lengths=state.lengths - 1),
+        features=reads_features(config.drafter),
     )
     logits = logits[..., : config.vocab_size]
     counts = jnp.minimum(counts, width)
@@ -70,4 +72,8 @@ def verify(
         accepted=accepted,
         bad=nonfinite(logits) | proposal.bad,
     )
-    return state, pad_entries((keys, values), config.gamma_max + 1)
+    size = config.gamma_max + 1
+    features = None
+    if reads_features(config.drafter):
+        features = jnp.pad(features[0], ((0, 0), (0, size - width - 1), (0, 0)))
+    return state, pad_entries((keys, values), size), features

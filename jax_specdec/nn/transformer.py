@@ -196,7 +196,7 @@ class Transformer(nnx.Module):
         return x
 
     def _logits(self, x: jax.Array) -> jax.Array:
-        x = self.final_norm(x)
+        """Logits [B, T, V] float32 of the final-normed hidden states x [B, T, D]."""
         dtype = self.config.jnp_dtype
         if self.lm_head is None:
             return jnp.einsum(
@@ -208,23 +208,25 @@ class Transformer(nnx.Module):
 
     # --------------------------------------------------------------- forwards
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, features: bool = False):
         """Full causal forward pass at positions 0..T-1, no cache.
 
         Args:
             tokens: [B, T] integer token ids in [0, vocab_size), T <= config.max_len.
+            features: also return the top layer's hidden states after the final norm
+              (what the LM head reads), [B, T, D].
 
         Returns:
-            logits: [B, T, V] float32.
+            logits: [B, T, V] float32 (and the features, if asked for).
         """
         tokens = _check_tokens(tokens, self.config)
         if not _traced(tokens):
             # Called eagerly: run one compiled program instead of op by op.
             graphdef, state = nnx.split(self)
-            return _forward_jit(graphdef, state, tokens)
-        return self._forward(tokens)
+            return _forward_jit(graphdef, state, tokens, features)
+        return self._forward(tokens, features)
 
-    def _forward(self, tokens: jax.Array) -> jax.Array:
+    def _forward(self, tokens: jax.Array, features: bool = False):
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
@@ -233,9 +235,10 @@ class Transformer(nnx.Module):
             q, k, v = block.attn.project(block.attn_norm(x), positions)
             x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
             x = x + block.mlp(block.mlp_norm(x))
-        return self._logits(x)
+        h = self.final_norm(x)
+        return (self._logits(h), h) if features else self._logits(h)
 
-    def decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def decode(self, tokens: jax.Array, cache: KVCache, *, features: bool = False):
         """Append T tokens per row to the cache and return their logits.
 
         Row b's tokens go to positions `cache.lengths[b] + t`; a query at position p
@@ -247,8 +250,12 @@ class Transformer(nnx.Module):
             tokens: [B, T] integer token ids in [0, vocab_size).
             cache: a `KVCache` for B rows (from `init_cache`).
 
+            features: also return the top layer's hidden states after the final norm,
+              [B, T, D] (as `__call__`).
+
         Returns:
-            logits: [B, T, V] float32, and the cache with lengths increased by T.
+            logits: [B, T, V] float32, the cache with lengths increased by T (and the
+            features, if asked for).
         """
         c = self.config
         tokens = _check_tokens(tokens, c)
@@ -276,24 +283,26 @@ class Transformer(nnx.Module):
                 )
         if not _traced((tokens, cache)):
             graphdef, state = nnx.split(self)
-            return _decode_jit(graphdef, state, tokens, cache)
-        return self._decode(tokens, cache)
+            return _decode_jit(graphdef, state, tokens, cache, features)
+        return self._decode(tokens, cache, features)
 
-    def _decode(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def _decode(self, tokens: jax.Array, cache: KVCache, features: bool = False):
         T = tokens.shape[1]
         lengths = cache.lengths.astype(jnp.int32)
-        logits, keys, values = self.decode_entries(tokens, cache)
+        logits, keys, values, *hidden = self.decode_entries(tokens, cache, features=features)
         # Written after the attention that read the old cache (see `_after`), so XLA
         # updates the cache in place.
         cache = write_entries(cache, keys, values, _after(lengths, logits))
-        return logits, cache.replace(lengths=lengths + T)
+        return (logits, cache.replace(lengths=lengths + T), *hidden)
 
     def decode_entries(
         self,
         tokens: jax.Array,
         cache: KVCache,
         recent: tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array] | None = None,
-    ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        *,
+        features: bool = False,
+    ):
         """`decode` without writing: the cache is only read; the new entries are returned.
 
         For callers that write later, outside a `lax.switch` or loop (a cache that is
@@ -307,11 +316,12 @@ class Transformer(nnx.Module):
             recent: optional (keys, values, count): per layer [B, R, K, hd] entries at
               positions cache.lengths + r, not yet in the cache; row b's first count[b]
               are attended.
+            features: also return the final-normed top-layer hidden states [B, T, D].
 
         Returns:
             logits [B, T, V] float32, and per layer the new keys and values
             [B, T, K, hd], for `write_entries(cache, keys, values, start)` with
-            start = cache.lengths + recent_count.
+            start = cache.lengths + recent_count (and the features, if asked for).
         """
         B, T = tokens.shape
         lengths = cache.lengths.astype(jnp.int32)
@@ -340,21 +350,23 @@ class Transformer(nnx.Module):
             x = x + block.mlp(block.mlp_norm(x))
             keys.append(k)
             values.append(v)
-        return self._logits(x), tuple(keys), tuple(values)
+        h = self.final_norm(x)
+        out = (self._logits(h), tuple(keys), tuple(values))
+        return (*out, h) if features else out
 
 
 def _traced(tree) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward_jit(graphdef, state, tokens):
-    return nnx.merge(graphdef, state)._forward(tokens)
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _forward_jit(graphdef, state, tokens, features):
+    return nnx.merge(graphdef, state)._forward(tokens, features)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _decode_jit(graphdef, state, tokens, cache):
-    return nnx.merge(graphdef, state)._decode(tokens, cache)
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _decode_jit(graphdef, state, tokens, cache, features):
+    return nnx.merge(graphdef, state)._decode(tokens, cache, features)
 
 
 def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
