@@ -16,10 +16,12 @@ from jax.sharding import Mesh
 from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
+from jax_specdec.decode.feature_drafter import FeatureDraft, FeatureDrafter, attach
 from jax_specdec.decode.ngram import NGram
 from jax_specdec.decode.request import Request, check_int, make_request
 from jax_specdec.decode.stats import GenerationOutput
 from jax_specdec.nn import Transformer
+from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
 from jax_specdec.sharding import check_mesh, place_rows, shard_state
@@ -78,7 +80,8 @@ class Generator:
 
     Args:
       target: the model whose distribution the output follows.
-      draft: a draft model (same tokenizer), a model-free proposer such as
+      draft: a draft model (same tokenizer), a `FeatureHead` trained for this target
+        (it drafts from the target's hidden states), a model-free proposer such as
         `NGram()`, or None for autoregressive decoding.
       schedule: tokens drafted per row and round: an int γ >= 1 (default 4), or a
         `jax_specdec.schedules` policy (Constant, Heuristic, CostModel, Custom). A
@@ -144,6 +147,8 @@ class Generator:
                     "none (use an int γ, Heuristic, CostModel or Custom)"
                 )
             self.drafter = draft
+        elif isinstance(draft, FeatureHead | FeatureDraft):
+            self._set_feature_drafter(draft, threshold, vocab_size)
         elif isinstance(draft, Transformer):
             self.vocab_size = _shared_vocab(self.target, draft, vocab_size)
             catch_up = schedule.min_gamma == 0  # γ = 0 rounds: the draft cache may lag
@@ -158,11 +163,20 @@ class Generator:
             )
         self.schedule = schedule
 
+    def _set_feature_drafter(self, draft, threshold, vocab_size):
+        if vocab_size is not None or threshold is not None:
+            raise ValueError("vocab_size and Confidence are not for a feature head")
+        if isinstance(draft, FeatureHead):
+            draft = attach(draft, self.target)
+        self.drafter, self.draft_model = FeatureDrafter(), draft
+
     def _split(self, mesh):
         models = [("target", self.target)]
         if self.draft_model is not None:
             models.append(("draft", self.draft_model))
         self._models = models
+        if mesh is not None and isinstance(self.drafter, FeatureDrafter):
+            raise ValueError("mesh is not supported with a feature head yet")
         self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
         self._defs, self._states = [], []
         for _, model in models:

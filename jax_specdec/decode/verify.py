@@ -42,7 +42,7 @@ def verify(
     """
     width = proposal.tokens.shape[1]
     pending = gather_last(state.tokens, state.lengths, 1)
-    logits, keys, values, *features = target.decode_entries(
+    logits, keys, values, *hidden = target.decode_entries(
         jnp.concatenate([pending, proposal.tokens], axis=1),
         cache.replace(lengths=state.lengths - 1),
         features=reads_features(config.drafter),
@@ -75,5 +75,5 @@ def verify(
     size = config.gamma_max + 1
     features = None
     if reads_features(config.drafter):
-        features = jnp.pad(features[0], ((0, 0), (0, size - width - 1), (0, 0)))
+        features = jnp.pad(hidden[0], ((0, 0), (0, size - width - 1), (0, 0)))
     return state, pad_entries((keys, values), size), features

@@ -1,0 +1,175 @@
+"""Drafting with a feature head (`nn.feature_head`): the drafter reads the target's
+top-layer features, which the verify call returns.
+
+Pending-token convention. Let L be a row's length: the target has run positions
+0 … L-2 (features f_0 … f_{L-2} known) and token x_{L-1} is pending. The head's entry
+i is (f_{i-1}, x_i) and predicts f_i, whose logits give token i + 1. At the start of
+a round the head's cache is valid below A and the features of positions A-1 …
+L-2 (count c = L - A, at most γ_max + 1) are kept aside: the round's first head call
+feeds the chunk of entries A … A + γ_max (static width, the first c valid) and its
+entry L-1 gives the first draft. Later draft steps feed (predicted feature, drafted
+token). After the round the chunk's entries are written, the cache is valid below L,
+and the verify call's features (positions L-1 … L+n, n drafts accepted) are the next
+round's chunk.
+
+q is the softmax over the K kept tokens after the target's sampling transforms,
+scattered into the full vocabulary (zero elsewhere); drafts are drawn from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jax_specdec.decode.drafter import DraftInputs, Proposal
+from jax_specdec.decode.noise import choose
+from jax_specdec.decode.state import new_cache, written_after
+from jax_specdec.decode.stats import nonfinite
+from jax_specdec.nn import KVCache, Transformer, write_entries
+from jax_specdec.nn.feature_head import FeatureHead
+from jax_specdec.sampling import probs_from_logits
+
+__all__ = ["FeatureCache", "FeatureDraft", "FeatureDrafter", "attach", "tokenizer_sha256"]
+
+
+class FeatureDraft(nnx.Module):
+    """A feature head with the target's token embedding (shared, not copied)."""
+
+    def __init__(self, head: FeatureHead, embed: jax.Array):
+        self.head = head
+        self.embed = nnx.Param(embed)
+
+    @property
+    def config(self):
+        """The head's layer config (cache shapes, max_len)."""
+        return self.head.config.layer
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """SHA-256 of a `tokenizers.Tokenizer`'s JSON (how a head names its tokenizer)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    return hashlib.sha256(backend.to_str().encode()).hexdigest()
+
+
+def attach(head: FeatureHead, target: Transformer, tokenizer=None) -> FeatureDraft:
+    """Checks that `head` drafts for `target` (and its tokenizer, if given) and pairs
+    them. Raises ValueError naming both models on any mismatch."""
+    hc, tc = head.config, target.config
+    name = f"the feature head (trained for {hc.target or 'an unnamed target'})"
+    if hc.d_model != tc.d_model:
+        raise ValueError(
+            f"{name} reads features of size {hc.d_model}; the target's is {tc.d_model}"
+        )
+    if hc.vocab_size != tc.vocab_size:
+        raise ValueError(f"{name} has vocabulary {hc.vocab_size}; the target's is {tc.vocab_size}")
+    ids = jax.device_get(head.vocab_map[...])
+    if ids.min() < 0 or ids.max() >= tc.vocab_size:
+        raise ValueError(
+            f"{name} has vocab_map ids in [{ids.min()}, {ids.max()}], outside the target's "
+            f"vocabulary [0, {tc.vocab_size})"
+        )
+    if tokenizer is not None and hc.tokenizer_sha256:
+        if tokenizer_sha256(tokenizer) != hc.tokenizer_sha256:
+            raise ValueError(f"{name} was trained with another tokenizer than the target's")
+    return FeatureDraft(head, target.embed[...])
+
+
+@struct.dataclass
+class FeatureCache:
+    """The drafter's state between rounds.
+
+    Attributes:
+      kv: the head's `KVCache`, valid below `kv.lengths` (A).
+      features: [B, γ_max + 1, D] the target's features of positions A-1 …, not yet
+        fed to the head.
+      count: [B] int32, how many of them are valid (L - A).
+    """
+
+    kv: KVCache
+    features: jax.Array
+    count: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDrafter:
+    """The drafter protocol for a `FeatureDraft` model (see the module docstring)."""
+
+    reads_features: ClassVar[bool] = True
+
+    def init(self, model: FeatureDraft, prompts, prompt_lengths, config, *, features):
+        batch, width = prompts.shape
+        kv = new_cache(model.config, batch, config)
+        prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))  # f_{i-1}, zeros at 0
+        start = jnp.zeros((batch,), jnp.int32)
+        _, _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
+        kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)
+        last = jnp.take_along_axis(features, (prompt_lengths - 1)[:, None, None], axis=1)
+        pending = jnp.zeros((batch, config.gamma_max + 1, features.shape[-1]), features.dtype)
+        pending = pending.at[:, :1].set(last)
+        return FeatureCache(kv, pending, jnp.ones((batch,), jnp.int32))
+
+    def prepare(self, model: FeatureDraft, cache: FeatureCache, inputs: DraftInputs, config):
+        """The round's first head call: the chunk of verified entries and the first draft."""
+        start, width = cache.kv.lengths, config.gamma_max + 1
+        idx = start[:, None] + jnp.arange(width, dtype=jnp.int32)
+        tokens = jnp.take_along_axis(inputs.tokens, jnp.minimum(idx, inputs.tokens.shape[1] - 1), 1)
+        logits, predicted, keys, values = model.head.decode_entries(
+            cache.features, tokens, model.embed[...], cache.kv, start
+        )
+        last = jnp.maximum(cache.count - 1, 0)[:, None, None]
+        logits = jnp.take_along_axis(logits, last, axis=1)[:, 0]
+        predicted = jnp.take_along_axis(predicted, last, axis=1)
+        x, q, bad = _draft(model, logits, inputs.keys[:, 0], config)
+        return cache, _Prepared(keys, values, x, q, predicted, bad), None
+
+    def propose(self, model: FeatureDraft, cache: FeatureCache, inputs, prepared, width, config):
+        batch = inputs.lengths.shape[0]
+        if width == 0:
+            return Proposal(jnp.zeros((batch, 0), jnp.int32), None, jnp.zeros((batch,), bool))
+        p = prepared
+        chunk_valid = jnp.arange(config.gamma_max + 1)[None] < cache.count[:, None]
+        recent = [(p.keys, p.values, chunk_valid)]
+        xs, qs, bad, predicted = [p.x], [p.q], p.bad, p.predicted
+        start = cache.kv.lengths + cache.count  # position L of the second draft's entry
+        # Unrolled: γ is small.
+        for i in range(1, width):
+            logits, predicted, keys, values = model.head.decode_entries(
+                predicted, xs[-1][:, None], model.embed[...], cache.kv, start + i - 1, recent
+            )
+            recent.append((keys, values, jnp.ones((batch, 1), bool)))
+            x, q, step_bad = _draft(model, logits[:, 0], inputs.keys[:, i], config)
+            xs.append(x)
+            qs.append(q)
+            bad = bad | step_bad
+        return Proposal(jnp.stack(xs, axis=1), jnp.stack(qs, axis=1), bad)
+
+    def commit(
+        self, cache: FeatureCache, prepared, entries, before, after, width, config, *, features
+    ):
+        start = written_after(cache.kv.lengths, after)
+        kv = write_entries(cache.kv, prepared.keys, prepared.values, start)
+        return FeatureCache(kv.replace(lengths=before), features, after - before)
+
+
+class _Prepared(struct.PyTreeNode):
+    keys: tuple  # per layer [B, γ_max + 1, K, hd], the chunk's entries
+    values: tuple
+    x: jax.Array  # [B] the first draft
+    q: jax.Array  # [B, V] its q
+    predicted: jax.Array  # [B, 1, D] the head's feature at L - 1
+    bad: jax.Array  # [B] NaN/inf met
+
+
+def _draft(model: FeatureDraft, logits, key, config):
+    """Kept-token logits [B, K] -> (token [B], q [B, V], NaN flag [B]): q is the softmax
+    over the kept tokens after the sampling transforms, zero elsewhere."""
+    ids = model.head.vocab_map[...]
+    full = jnp.full((logits.shape[0], config.vocab_size), -jnp.inf, jnp.float32)
+    full = full.at[:, ids].set(logits, unique_indices=True)
+    q = probs_from_logits(full, config.sampling)
+    return choose(key, full, q, config.sampling), q, nonfinite(logits)

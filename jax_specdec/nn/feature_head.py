@@ -1,0 +1,187 @@
+"""A draft head that reads the target's hidden states (EAGLE-style), with a truncated
+vocabulary.
+
+Entry i of the head pairs the target's feature at position i - 1 (its top layer's
+hidden state after the final norm; zeros for i = 0) with the embedding of token i.
+One dense layer maps the pair [2D] to D, decoder layers (with their own key/value
+cache) follow, and a norm gives the head's prediction of the target's feature at
+position i. Its logits cover K kept tokens only: `vocab_map` [K] lists their ids in
+the target's vocabulary (the drafter scatters them into V, zero probability
+elsewhere). The token embedding is the target's own, passed in, never stored here.
+
+Li et al. 2024 (EAGLE, arXiv 2401.15077) for the head; Zhao et al. 2025 (FR-Spec,
+arXiv 2502.14856) for the truncated vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_specdec.nn.attention import cached_attention, heads_first, live_index, live_sizes
+from jax_specdec.nn.cache import KVCache
+from jax_specdec.nn.config import TransformerConfig
+from jax_specdec.nn.transformer import Block, Dense, Norm
+
+__all__ = ["FeatureHead", "FeatureHeadConfig"]
+
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureHeadConfig:
+    """Shape of a feature head, and which target it drafts for.
+
+    Attributes:
+      layer: the decoder layers' shape: d_model is the target's hidden size, vocab_size
+        the target's vocabulary, num_layers the head's depth.
+      kept: K, the number of tokens the head scores (1 <= K <= layer.vocab_size).
+      target: a name for the target it was trained for (shown in errors).
+      tokenizer_sha256: SHA-256 of the target tokenizer's JSON, or "" if unknown.
+    """
+
+    layer: TransformerConfig
+    kept: int
+    target: str = ""
+    tokenizer_sha256: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.layer, TransformerConfig):
+            raise TypeError(
+                f"FeatureHeadConfig.layer must be a TransformerConfig, got {type(self.layer)}"
+            )
+        k, v = self.kept, self.layer.vocab_size
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= v:
+            raise ValueError(f"FeatureHeadConfig.kept must be an integer in [1, {v}], got {k!r}")
+
+    @property
+    def d_model(self) -> int:
+        return self.layer.d_model
+
+    @property
+    def vocab_size(self) -> int:
+        """The target's vocabulary size."""
+        return self.layer.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer.to_dict(),
+            "kept": self.kept,
+            "target": self.target,
+            "tokenizer_sha256": self.tokenizer_sha256,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeatureHeadConfig:
+        unknown = sorted(set(data) - {"layer", "kept", "target", "tokenizer_sha256"})
+        if unknown:
+            raise ValueError(f"unknown FeatureHeadConfig fields: {unknown}")
+        layer = TransformerConfig.from_dict(data["layer"])
+        return cls(layer, data["kept"], data.get("target", ""), data.get("tokenizer_sha256", ""))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def for_target(
+        cls, config: TransformerConfig, kept: int, *, target: str = "", tokenizer_sha256="", **layer
+    ) -> FeatureHeadConfig:
+        """A head shaped like the target's layers (`config`: d, heads, MLP), one layer
+        unless `layer` overrides it."""
+        fields = {"num_layers": 1, "tie_embeddings": False, **layer}
+        return cls(config.replace(**fields), kept, target, tokenizer_sha256)
+
+
+class FeatureHead(nnx.Module):
+    """FC (2D -> D), decoder layers, norm; logits over the K kept tokens."""
+
+    def __init__(self, config: FeatureHeadConfig, *, rngs: nnx.Rngs, init_scale: float = 0.02):
+        """Random weights ~ N(0, init_scale); `vocab_map` starts as the first K ids."""
+        if not isinstance(config, FeatureHeadConfig):
+            raise TypeError(f"config must be a FeatureHeadConfig, got {type(config).__name__}")
+        c = config.layer
+        self.config = config
+        k_fc, k_head, k_blocks = jax.random.split(rngs.params(), 3)
+        d = c.d_model
+        self.fc = Dense(2 * d, d, bias=False, config=c, key=k_fc, scale=init_scale)
+        block_keys = jax.random.split(k_blocks, c.num_layers)
+        self.blocks = nnx.List([Block(c, key=k, scale=init_scale) for k in block_keys])
+        self.norm = Norm(c)
+        head = init_scale * jax.random.normal(k_head, (d, config.kept), _F32)
+        self.lm_head = nnx.Param(head.astype(c.jnp_param_dtype))
+        self.vocab_map = nnx.Variable(jnp.arange(config.kept, dtype=jnp.int32))
+
+    def logits(self, predicted: jax.Array) -> jax.Array:
+        """[B, T, D] predicted features -> [B, T, K] float32 logits of the kept tokens."""
+        head = self.lm_head[...].astype(predicted.dtype)
+        return jnp.einsum("btd,dk->btk", predicted, head, preferred_element_type=_F32)
+
+    def _inputs(self, prev_features, tokens, embed):
+        dtype = self.config.layer.jnp_dtype
+        tokens_in = jnp.asarray(embed)[tokens].astype(dtype)
+        return self.fc(jnp.concatenate([prev_features.astype(dtype), tokens_in], axis=-1))
+
+    def __call__(self, prev_features: jax.Array, tokens: jax.Array, embed: jax.Array):
+        """Teacher-forced pass over whole sequences (training), no cache.
+
+        Args:
+          prev_features: [B, T, D], the target's feature before each token (zeros first).
+          tokens: [B, T] token ids.
+          embed: [V, D] the target's token embedding.
+
+        Returns:
+          (logits [B, T, K] float32, predicted features [B, T, D]).
+        """
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        x = self._inputs(prev_features, tokens, embed)
+        for block in self.blocks:
+            q, k, v = block.attn.project(block.attn_norm(x), positions)
+            x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
+            x = x + block.mlp(block.mlp_norm(x))
+        predicted = self.norm(x)
+        return self.logits(predicted), predicted
+
+    def decode_entries(self, prev_features, tokens, embed, cache: KVCache, start, recent=()):
+        """Entries at positions start[b] + t on a read-only cache; their keys and values
+        are returned for the caller to write.
+
+        Args:
+          prev_features: [B, T, D]; tokens: [B, T]; embed: [V, D] (as `__call__`).
+          cache: the head's cache; row b's first cache.lengths[b] positions are attended.
+          start: [B] int32, the position of each row's first new entry.
+          recent: entries not yet in the cache, attended too: a sequence of
+            (keys, values, valid [B, R] bool), keys and values per layer [B, R, K, hd].
+
+        Returns:
+          logits [B, T, K], predicted features [B, T, D], and per layer the new keys and
+          values [B, T, K, hd].
+        """
+        T = tokens.shape[1]
+        positions = start[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
+        sizes = live_sizes(cache.max_len)
+        index = live_index(cache.lengths, sizes)
+        own = jnp.tril(jnp.ones((T, T), bool))[None]
+        x = self._inputs(prev_features, tokens, embed)
+        keys, values = [], []
+        for i, block in enumerate(self.blocks):
+            q, k, v = block.attn.project(block.attn_norm(x), positions)
+            others = [
+                (heads_first(rk[i]), heads_first(rv[i]), ok[:, None]) for rk, rv, ok in recent
+            ]
+            others.append((heads_first(k), heads_first(v), own))
+            attended = cached_attention(
+                q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
+            )
+            x = x + block.attn.output(attended)
+            x = x + block.mlp(block.mlp_norm(x))
+            keys.append(k)
+            values.append(v)
+        predicted = self.norm(x)
+        return self.logits(predicted), predicted, tuple(keys), tuple(values)

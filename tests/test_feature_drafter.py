@@ -1,0 +1,234 @@
+"""The feature drafter (a head reading the target's hidden states, truncated vocabulary)
+inside the compiled loop: greedy equality, drafts equal to the head's own predictions,
+enumerated exactness, keys and batches, no cache copies, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import (
+    PROMPTS,
+    VOCAB,
+    chi_square_pvalue,
+    copies_outside_entry,
+    count_compiles,
+    exact_sequence_probs,
+    make_model,
+    ragged_prompts,
+    sample_sequences,
+)
+
+import jax_specdec.decode.verify as verify_module
+from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.acceptance import AcceptResult
+from jax_specdec.data import train_tokenizer
+from jax_specdec.decode.feature_drafter import attach, tokenizer_sha256
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.sampling import sample_with_uniforms
+from jax_specdec.schedules import Confidence
+
+GREEDY = SamplingConfig(0.0)
+
+
+def make_head(target, seed=5, kept_ids=None, scale=0.3):
+    """A random head for `target`; `kept_ids` (default all) becomes its vocab_map."""
+    kept_ids = np.arange(target.config.vocab_size) if kept_ids is None else np.asarray(kept_ids)
+    config = FeatureHeadConfig.for_target(target.config, len(kept_ids), target="tiny test target")
+    head = FeatureHead(config, rngs=nnx.Rngs(seed), init_scale=scale)
+    head.vocab_map.set_value(jnp.asarray(kept_ids, jnp.int32))
+    return head
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    """Kept vocabulary without token 3, which the target can emit."""
+    return make_head(target, kept_ids=[0, 1, 2, 4, 5])
+
+
+# ---------------------------------------------------------------- greedy equality
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("eos", [None, 3])
+def test_greedy_equals_autoregressive_on_ragged_prompts(gamma, eos):
+    target = make_model(10, vocab=32, scale=0.3)
+    head = make_head(target, kept_ids=np.arange(0, 32, 2))
+    prompts = ragged_prompts(12, 32, seed=gamma)
+    kwargs = dict(max_new_tokens=14, sampling=GREEDY, eos_token_id=eos)
+    ar = autoregressive_generate(target, prompts, key=jax.random.key(0), **kwargs)
+    spec = speculative_generate(
+        target, head, prompts, key=jax.random.key(1), num_draft_tokens=gamma, **kwargs
+    )
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+def _reference_rounds(target, head, prompt, new_tokens, gamma):
+    """Greedy rounds simulated with full forward passes: each round's drafts come from
+    the head on the target's true features up to the pending token, then on its own
+    predictions. Returns (rounds, accepted per draft position)."""
+    embed = target.embed[...]
+    seq = list(prompt) + list(new_tokens)
+    length, end = len(prompt) + 1, len(prompt) + len(new_tokens)
+    rounds, accepted_at = 0, np.zeros(gamma, int)
+    while length < end:
+        _, true = target(jnp.asarray([seq[: length - 1]]), features=True)
+        prev = np.concatenate([np.zeros((1, 1, true.shape[-1])), np.asarray(true)], axis=1)
+        drafts = seq[:length]
+        for _ in range(gamma):
+            logits, predicted = head(jnp.asarray(prev), jnp.asarray([drafts]), embed)
+            kept = int(np.argmax(np.asarray(logits)[0, -1]))
+            drafts = drafts + [int(np.asarray(head.vocab_map[...])[kept])]
+            prev = np.concatenate([prev, np.asarray(predicted)[:, -1:]], axis=1)
+        n = 0
+        while n < gamma and length + n < end and drafts[length + n] == seq[length + n]:
+            accepted_at[n] += 1
+            n += 1
+        rounds, length = rounds + 1, length + n + 1
+    return rounds, accepted_at
+
+
+def test_drafts_are_the_heads_predictions_from_true_features():
+    # A target that repeats itself and a head that often agrees with it.
+    target = make_model(3, vocab=8, scale=0.6)
+    head = make_head(target, seed=2, scale=0.6)
+    prompts, gamma = ragged_prompts(3, 8, seed=4), 3
+    out = speculative_generate(
+        target, head, prompts, key=jax.random.key(0), max_new_tokens=12, num_draft_tokens=gamma
+    )
+    total_rounds, total_at = 0, np.zeros(gamma, int)
+    for b, prompt in enumerate(prompts):
+        rounds, at = _reference_rounds(target, head, prompt, np.asarray(out.tokens)[b], gamma)
+        assert rounds == int(np.asarray(out.stats.rounds)[b])
+        total_rounds, total_at = total_rounds + rounds, total_at + at
+    np.testing.assert_array_equal(np.asarray(out.stats.accepted_at).sum(0), total_at)
+    assert total_at[1] > 0, "the test needs second drafts accepted (predicted features)"
+
+
+# ---------------------------------------------------------------- exactness
+
+SETTINGS = {
+    "t1_g1": (SamplingConfig(1.0), 1, None),
+    "t0.6_topk4_g2": (SamplingConfig(0.6, top_k=4), 2, None),
+    "t1_topp0.8_g4": (SamplingConfig(1.0, top_p=0.8), 4, None),
+    "t1_g2_eos": (SamplingConfig(1.0), 2, 2),
+}
+
+
+def _check_exact(target, seqs, sampling, eos, name, alpha):
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(f"\nFEATURE-EXACTNESS {name} prompt{which}: alpha={alpha:.3f} pvalue={pvalue:.3g}")
+        assert pvalue > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_samples_follow_the_target(target, head, name):
+    sampling, gamma, eos = SETTINGS[name]
+    seqs, stats = sample_sequences(target, head, sampling, gamma, eos, seed=len(name))
+    assert 0.05 < stats.acceptance_rate < 0.95
+    # Token 3 is never drafted, yet the target emits it (through the residual).
+    assert any(3 in seq for seq in seqs[:2000])
+    _check_exact(target, seqs, sampling, eos, name, stats.acceptance_rate)
+
+
+def test_full_kept_vocabulary_t1_g4_follows_the_target(target):
+    sampling = SamplingConfig(1.0)
+    full = make_head(target, seed=7)
+    seqs, stats = sample_sequences(target, full, sampling, 4, None, seed=3)
+    _check_exact(target, seqs, sampling, None, "full_vocab_t1_g4", stats.acceptance_rate)
+
+
+def wrong_residual(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
+    """Subtracts q only at the drafted token on rejection (not the whole q): not exact."""
+    vocab = target_probs.shape[-1]
+    at = jnp.arange(draft_tokens.shape[1])
+    p_x = jnp.take_along_axis(target_probs[:, :-1], draft_tokens[..., None], -1)[..., 0]
+    q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], -1)[..., 0]
+    passed = (uniforms * q_x < p_x) & (at[None] < num_drafted[:, None])
+    n = jnp.sum(jnp.cumprod(passed.astype(jnp.int32), axis=1), axis=1)
+    rows = jnp.arange(n.shape[0])
+    p_next = target_probs[rows, n]
+    last = jnp.minimum(n, draft_tokens.shape[1] - 1)
+    spike = jax.nn.one_hot(draft_tokens[rows, last], vocab) * q_x[rows, last][:, None]
+    bonus = (n >= num_drafted)[:, None]
+    residual = jnp.maximum(p_next - jnp.where(bonus, 0.0, spike), 0.0)
+    return AcceptResult(n, sample_with_uniforms(draws, residual))
+
+
+@pytest.mark.slow
+def test_wrong_residual_fails_the_same_test(target, head, monkeypatch):
+    jax.clear_caches()
+    monkeypatch.setattr(verify_module, "accept_with_noise", wrong_residual)
+    sampling, gamma, eos = SETTINGS["t1_g1"]
+    seqs, _ = sample_sequences(target, head, sampling, gamma, eos, seed=0)
+    jax.clear_caches()
+    exact = exact_sequence_probs(target, np.array(PROMPTS[0]), sampling, eos)
+    assert chi_square_pvalue(seqs[0::2], exact) < 1e-6
+
+
+# ---------------------------------------------------------------- keys and batches
+
+
+def test_same_key_same_output_and_rows_independent_of_batch(target, head):
+    prompts = ragged_prompts(6, VOCAB, seed=5)
+    keys = jax.random.split(jax.random.key(7), 6)
+    kwargs = dict(max_new_tokens=10, num_draft_tokens=3, sampling=SamplingConfig(0.9))
+    a = speculative_generate(target, head, prompts, key=keys, **kwargs)
+    b = speculative_generate(target, head, prompts, key=keys, **kwargs)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    for row in [0, 4]:
+        alone = speculative_generate(
+            target, head, [prompts[row]], key=keys[row : row + 1], **kwargs
+        )
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(a.tokens)[row])
+
+
+def test_no_recompilation_and_no_cache_copies(target, head):
+    generator = Generator(target, head, schedule=3)
+    run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
+    hlo = run.lower().compile().as_text()
+    assert "while" in hlo
+    c = head.config.layer
+    shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
+    assert shape in hlo
+    assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+    generator([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
+    with count_compiles() as compiles:
+        generator([[2, 2, 3], [5]], key=jax.random.key(1), max_new_tokens=8)
+    assert compiles[0] == 0
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_head_for_another_target_is_refused_before_compiling(target):
+    wider = make_model(0, d_model=48, num_heads=4, num_kv_heads=2, head_dim=12)
+    with pytest.raises(ValueError, match=r"features of size 48; the target's is 32"):
+        speculative_generate(
+            target, make_head(wider), [[1]], key=jax.random.key(0), max_new_tokens=3
+        )
+    bigger = make_model(0, vocab=VOCAB + 2)
+    with pytest.raises(ValueError, match=r"vocabulary 8; the target's is 6"):
+        speculative_generate(
+            target, make_head(bigger), [[1]], key=jax.random.key(0), max_new_tokens=3
+        )
+    outside = make_head(target, kept_ids=[0, 1, 6])
+    with pytest.raises(ValueError, match=r"vocab_map ids in \[0, 6\], outside"):
+        speculative_generate(target, outside, [[1]], key=jax.random.key(0), max_new_tokens=3)
+    with pytest.raises(ValueError, match="Confidence"):
+        Generator(target, make_head(target), schedule=Confidence(0.5, 2))
+
+
+def test_tokenizer_mismatch_is_refused(target):
+    mine = train_tokenizer(["def f(x): return x + 1\n"] * 3, 280)
+    other = train_tokenizer(["class A: pass\n"] * 3, 270)
+    layer = target.config.replace(num_layers=1)
+    config = FeatureHeadConfig(layer, VOCAB, "tiny", tokenizer_sha256(mine))
+    head = FeatureHead(config, rngs=nnx.Rngs(0))
+    attach(head, target, mine)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        attach(head, target, other)
