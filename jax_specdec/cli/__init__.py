@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 
-from jax_specdec.cli import balance, batch, convert, generate, sweep, train
+from jax_specdec.cli import balance, batch, convert, generate, sweep, train, train_drafter
 
 __all__ = ["build_parser", "main"]
 
-SUBCOMMANDS = (balance, generate, sweep, batch, train, convert)
+SUBCOMMANDS = (balance, generate, sweep, batch, train, train_drafter, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:

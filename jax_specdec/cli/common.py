@@ -61,7 +61,7 @@ def model_dir(text: str, which: str) -> pathlib.Path:
         beside_package = pathlib.Path(__file__).resolve().parents[2] / text
         if beside_package.is_dir():
             path = beside_package
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not (path / "head_config.json").is_file():
         raise ValueError(f"--{which}: {text} is not a model directory (no config.json)")
     return path
 
@@ -90,6 +90,12 @@ def load_pair(args):
 
         return load_model(target_dir), NGram(), load_tokenizer(target_dir)
     draft_dir = model_dir(args.draft, "draft")
+    if (draft_dir / "head_config.json").is_file():  # a feature head: drafts from its features
+        from jax_specdec.decode.feature_drafter import attach
+        from jax_specdec.feature_io import load_head
+
+        target, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
+        return target, attach(load_head(draft_dir), target, tokenizer), tokenizer
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")

@@ -1,0 +1,91 @@
+"""`jax-specdec train-drafter`: a feature head (EAGLE-style drafter with a truncated
+vocabulary) for a frozen target, trained on its features over a corpus."""
+
+from __future__ import annotations
+
+from jax_specdec.cli import common
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "train-drafter",
+        help="train a drafter that reads the target's hidden states (resumable)",
+    )
+    p.add_argument("--target", required=True, help="model directory, .gguf or smollm2-135m")
+    p.add_argument("--corpus", default="stdlib", help="'stdlib' or a directory of .py files")
+    p.add_argument("--out", required=True, help="the head's output directory")
+    p.add_argument("--work-dir", help="features and checkpoints (default: <out>.work)")
+    p.add_argument("--run-name", default="head", help="checkpoint folder under <work-dir>/runs")
+    p.add_argument("--data", choices=["text", "greedy"], default="text")
+    p.add_argument("--tokens", type=int, default=150_000, help="training tokens to extract")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=32, help="--data greedy: corpus prefix")
+    p.add_argument("--kept", type=int, default=8192, help="tokens the head scores")
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--feature-weight", type=float, default=0.1, help="feature regression")
+    p.add_argument("--ce-weight", type=float, default=1.0, help="cross-entropy to the target")
+    p.add_argument("--unroll", type=int, choices=[1, 2], default=1)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=run, parser=p)
+
+
+def _configs(args):
+    from jax_specdec.feature_recipe import DataConfig
+    from jax_specdec.feature_train import HeadTrainConfig
+
+    data = DataConfig(
+        kind=args.data,
+        tokens=args.tokens,
+        seq_len=args.seq_len,
+        prompt_len=args.prompt_len,
+        corpus=args.corpus,
+    )
+    train = HeadTrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        ce_weight=args.ce_weight,
+        feature_weight=args.feature_weight,
+        unroll=args.unroll,
+    )
+    return data, train
+
+
+def run(args, parser) -> int:
+    import json
+    import pathlib
+
+    try:
+        data, train = _configs(args)
+    except ValueError as e:
+        common.fail(parser, e)
+    from jax_specdec.feature_recipe import build_head
+    from jax_specdec.hf import load_model, load_tokenizer
+
+    target_dir = common.model_dir(args.target, "target")
+    work_dir = pathlib.Path(args.work_dir or f"{args.out}.work")
+    try:
+        summary = build_head(
+            load_model(target_dir),
+            load_tokenizer(target_dir),
+            out=args.out,
+            work_dir=work_dir,
+            data=data,
+            train=train,
+            kept=args.kept,
+            layers=args.layers,
+            run_name=args.run_name,
+            target_name=str(args.target),
+        )
+    except (ValueError, FileNotFoundError) as e:
+        common.fail(parser, e)
+    print(json.dumps({k: v for k, v in summary.items() if k != "agreement_log"}, indent=2))
+    return 0

@@ -1,0 +1,123 @@
+"""Training data of a feature head: windows of text with the frozen target's features.
+
+For each window of tokens x_0 … x_{T-1} the target gives its features f_0 … f_{T-1}
+(top layer, after the final norm) and its greedy next tokens g_0 … g_{T-1} (g_i, the
+argmax of its logits at position i, is what a first draft at i must guess). The text
+is either corpus text as it is, or the target's own greedy continuations of corpus
+prompts (what it will verify at decoding time).
+
+Extraction is slow on a CPU, so it is written to disk in parts (`parts/*.npz`) and
+resumes where it stopped; `load_features` concatenates the parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+__all__ = [
+    "FeatureSet",
+    "extract_features",
+    "greedy_continuations",
+    "kept_vocabulary",
+    "load_features",
+    "windows_of",
+]
+
+
+class FeatureSet(NamedTuple):
+    """Windows [N, T] of tokens, the target's features [N, T, D] (float16) and its
+    greedy next tokens [N, T]."""
+
+    tokens: np.ndarray
+    features: np.ndarray
+    greedy: np.ndarray
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def windows_of(stream: np.ndarray, length: int, limit: int | None = None) -> np.ndarray:
+    """Non-overlapping windows [N, length] of a token stream (at most `limit` tokens)."""
+    stream = stream if limit is None else stream[:limit]
+    count = stream.size // length
+    if count < 1:
+        raise ValueError(f"a stream of {stream.size} tokens has no window of {length}")
+    return stream[: count * length].reshape(count, length).astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, tokens):
+    logits, features = nnx.merge(graphdef, state)(tokens, features=True)
+    return features.astype(jnp.float16), jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def extract_features(
+    target, windows: np.ndarray, directory, *, batch: int = 8, progress: bool = True
+) -> FeatureSet:
+    """Runs the frozen target over `windows` [N, T], `batch` at a time, saving each
+    batch to `directory/parts/` (a part already there is not computed again)."""
+    if len(windows) < 1:
+        raise ValueError("no windows to extract features from")
+    from tqdm.auto import tqdm
+
+    parts = pathlib.Path(directory) / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    graphdef, state = nnx.split(target)
+    starts = range(0, len(windows), batch)  # the last batch may be smaller
+    bar = tqdm(starts, desc="features", unit="batch", disable=not progress)
+    for start in bar:
+        file = parts / f"{start:08d}.npz"
+        if file.exists():
+            continue
+        tokens = windows[start : start + batch]
+        features, greedy = _forward(graphdef, state, jnp.asarray(tokens))
+        tmp = file.with_suffix(".tmp.npz")
+        np.savez(tmp, tokens=tokens, features=np.asarray(features), greedy=np.asarray(greedy))
+        tmp.rename(file)  # a killed run leaves no half-written part
+        bar.set_postfix(tokens=(start + len(tokens)) * windows.shape[1])
+    return load_features(directory)
+
+
+def load_features(directory) -> FeatureSet:
+    """The parts under `directory/parts`, concatenated in order."""
+    files = sorted((pathlib.Path(directory) / "parts").glob("*[0-9].npz"))
+    if not files:
+        raise FileNotFoundError(f"no feature parts under {directory}/parts")
+    loaded = [np.load(f) for f in files]
+    return FeatureSet(*(np.concatenate([p[k] for p in loaded]) for k in FeatureSet._fields))
+
+
+def greedy_continuations(
+    target, prompts: np.ndarray, new_tokens: int, *, batch: int = 16, progress: bool = True
+) -> np.ndarray:
+    """The target's greedy continuations: [N, P + new_tokens], each prompt [N, P]
+    followed by what the target writes after it (autoregressive, no EOS)."""
+    from tqdm.auto import tqdm
+
+    from jax_specdec.decode import Generator
+
+    generator = Generator(target)
+    rows = []
+    for start in tqdm(range(0, len(prompts), batch), desc="continuations", disable=not progress):
+        chunk = prompts[start : start + batch]
+        out = generator(chunk.tolist(), key=jax.random.key(0), max_new_tokens=new_tokens)
+        rows.append(np.concatenate([chunk, np.asarray(out.tokens)], axis=1))
+    return np.concatenate(rows).astype(np.int32)
+
+
+def kept_vocabulary(data: FeatureSet, size: int, vocab_size: int) -> np.ndarray:
+    """The `size` token ids most frequent among the windows' tokens and the target's
+    greedy choices (ties to the lower id), sorted by id: a head's vocab_map."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"kept vocabulary size must lie in [1, {vocab_size}], got {size}")
+    counts = np.bincount(data.tokens.reshape(-1), minlength=vocab_size)
+    counts = counts + np.bincount(data.greedy.reshape(-1), minlength=vocab_size)
+    order = np.lexsort((np.arange(vocab_size), -counts))
+    return np.sort(order[:size]).astype(np.int32)

@@ -1,0 +1,72 @@
+"""A feature head as a directory a user can read: `head_config.json` (the
+`FeatureHeadConfig`) and `model.safetensors` (its weights and `vocab_map`, the kept
+token ids). `is_feature_head(path)` tells such a directory from a model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+
+__all__ = ["is_feature_head", "load_head", "save_head"]
+
+CONFIG = "head_config.json"
+WEIGHTS = "model.safetensors"
+
+
+def is_feature_head(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def _flat(state: nnx.State) -> dict[str, object]:
+    return {".".join(map(str, path)): leaf for path, leaf in nnx.to_flat_state(state)}
+
+
+def save_head(head: FeatureHead, path: str | os.PathLike) -> None:
+    """Writes `head_config.json` and `model.safetensors` into `path` (created)."""
+    if not isinstance(head, FeatureHead):
+        raise TypeError(f"head must be a FeatureHead, got {type(head).__name__}")
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    flat = _flat(nnx.state(head))
+    tensors = {name: np.asarray(leaf.get_value()) for name, leaf in flat.items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "jax_specdec.feature_head"})
+    (directory / CONFIG).write_text(head.config.to_json() + "\n")
+
+
+def load_head(path: str | os.PathLike) -> FeatureHead:
+    """The head saved in `path`; every tensor checked against the config first."""
+    directory = Path(path)
+    if not is_feature_head(directory):
+        raise FileNotFoundError(f"{directory} is not a feature head directory (no {CONFIG})")
+    try:
+        config = FeatureHeadConfig.from_dict(json.loads((directory / CONFIG).read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{directory / CONFIG} is not a valid head config: {error}") from error
+    abstract = nnx.eval_shape(lambda: FeatureHead(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    wanted = _flat(state)
+    with safe_open(str(directory / WEIGHTS), framework="np") as f:
+        names = set(f.keys())  # noqa: SIM118 (safe_open is not a mapping)
+        if names != set(wanted):
+            missing, extra = sorted(set(wanted) - names), sorted(names - set(wanted))
+            raise ValueError(f"{directory / WEIGHTS}: missing {missing}, unexpected {extra}")
+        for name, leaf in wanted.items():
+            array = f.get_tensor(name)
+            expected = leaf.get_value()
+            if array.shape != expected.shape:
+                raise ValueError(
+                    f"{directory / WEIGHTS}: {name} has shape {array.shape}, the config "
+                    f"implies {expected.shape}"
+                )
+            leaf.set_value(jnp.asarray(array, expected.dtype))
+    return nnx.merge(graphdef, state)

@@ -1,0 +1,161 @@
+"""The build recipe of a feature head for a target: corpus -> the target's features ->
+kept vocabulary -> training -> a head directory (`jax-specdec train-drafter`).
+
+Every stage resumes: feature parts already on disk are not computed again, and
+training continues from its last orbax checkpoint (the same command, run again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+
+import numpy as np
+from flax import nnx
+
+from jax_specdec.data import encode_files, stdlib_corpus
+from jax_specdec.feature_data import (
+    FeatureSet,
+    extract_features,
+    greedy_continuations,
+    kept_vocabulary,
+    load_features,
+    windows_of,
+)
+from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+
+__all__ = ["DataConfig", "build_head", "prepare_data"]
+
+DATA_KINDS = ("text", "greedy")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What the head is trained on.
+
+    Attributes:
+      kind: "text" (corpus windows as they are) or "greedy" (corpus prompts of
+        `prompt_len` tokens, then the target's greedy continuation).
+      tokens: training tokens (windows x seq_len) at most.
+      seq_len: window length.
+      prompt_len: for "greedy", the corpus part of each window.
+      validation_tokens: held-out tokens (text of the validation files) for agreement.
+      corpus: "stdlib", or a directory whose .py files make the corpus.
+    """
+
+    kind: str = "text"
+    tokens: int = 150_000
+    seq_len: int = 128
+    prompt_len: int = 32
+    validation_tokens: int = 8192
+    corpus: str = "stdlib"
+
+    def __post_init__(self):
+        if self.kind not in DATA_KINDS:
+            raise ValueError(f"data kind must be one of {DATA_KINDS}, got {self.kind!r}")
+        if not 0 < self.prompt_len < self.seq_len:
+            raise ValueError(f"prompt_len must lie in (0, seq_len), got {self.prompt_len}")
+
+    @property
+    def name(self) -> str:
+        extra = f"-p{self.prompt_len}" if self.kind == "greedy" else ""
+        return f"{self.kind}{extra}-t{self.seq_len}-n{self.tokens}"
+
+
+def _streams(tokenizer, corpus: str):
+    files = stdlib_corpus() if corpus == "stdlib" else stdlib_corpus(root=corpus)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    if eot is None:
+        raise ValueError("the target's tokenizer has no <|endoftext|> token")
+    return encode_files(tokenizer, files.read(files.train)), encode_files(
+        tokenizer, files.read(files.validation)
+    )
+
+
+def prepare_data(target, tokenizer, data: DataConfig, work_dir, *, batch: int = 8):
+    """(train, validation) `FeatureSet`s, extracted into `work_dir` (or loaded)."""
+    work_dir = pathlib.Path(work_dir)
+    train_stream, valid_stream = _streams(tokenizer, data.corpus)
+    valid = windows_of(valid_stream, data.seq_len, data.validation_tokens)
+    validation = extract_features(target, valid, work_dir / f"valid-t{data.seq_len}", batch=batch)
+    if data.kind == "text":
+        windows = windows_of(train_stream, data.seq_len, data.tokens)
+    else:
+        cached = work_dir / f"{data.name}-windows.npy"
+        if not cached.exists():
+            count = data.tokens // data.seq_len
+            prompts = windows_of(train_stream, data.prompt_len, count * data.prompt_len * 4)
+            prompts = prompts[:: max(len(prompts) // count, 1)][:count]
+            new = data.seq_len - data.prompt_len
+            np.save(cached, greedy_continuations(target, prompts, new, batch=2 * batch))
+        windows = np.load(cached)
+    train = extract_features(target, windows, work_dir / data.name, batch=batch)
+    return train, validation
+
+
+def build_head(
+    target,
+    tokenizer,
+    *,
+    out,
+    work_dir,
+    data: DataConfig,
+    train: HeadTrainConfig,
+    kept: int = 8192,
+    layers: int = 1,
+    run_name: str = "head",
+    target_name: str = "",
+) -> dict:
+    """Builds (or resumes building) a head for `target` and saves it to `out`.
+
+    Returns a summary: data, kept-token coverage, training time and steps, and the
+    held-out agreement with the target's greedy token per draft step.
+    """
+    from jax_specdec.decode.feature_drafter import tokenizer_sha256
+    from jax_specdec.feature_io import save_head
+
+    t0 = time.perf_counter()
+    train_set, valid_set = prepare_data(target, tokenizer, data, work_dir)
+    extract_seconds = time.perf_counter() - t0
+    vocab_map = kept_vocabulary(train_set, kept, target.config.vocab_size)
+    config = FeatureHeadConfig.for_target(
+        target.config,
+        kept,
+        target=target_name,
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        num_layers=layers,
+    )
+    head = FeatureHead(config, rngs=nnx.Rngs(train.seed))
+    init_from_target(head, target, vocab_map)
+    run_dir = pathlib.Path(work_dir) / "runs" / run_name
+    log = train_head(head, target, train_set, valid_set, train, checkpoint_dir=run_dir)
+    save_head(head, out)
+    summary = {
+        "data": dataclasses.asdict(data),
+        "train": dataclasses.asdict(train),
+        "kept": kept,
+        "layers": layers,
+        "train_tokens": int(train_set.tokens.size),
+        "kept_coverage_validation_greedy": _coverage(valid_set, vocab_map),
+        "feature_seconds_this_call": round(extract_seconds, 1),
+        "train_seconds": round(log["seconds"], 1),
+        "steps": log["steps"],
+        "agreement": agreement(head, valid_set, target.embed[...], steps=3),
+        "agreement_log": log["agreement"],
+    }
+    pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _coverage(data: FeatureSet, vocab_map: np.ndarray) -> float:
+    """Share of the target's greedy tokens that the kept vocabulary holds."""
+    return round(float(np.isin(data.greedy[:, 1:], vocab_map).mean()), 4)
+
+
+def load_data(work_dir, data: DataConfig) -> tuple[FeatureSet, FeatureSet]:
+    """The feature sets of an earlier `prepare_data` call."""
+    work_dir = pathlib.Path(work_dir)
+    return load_features(work_dir / data.name), load_features(work_dir / f"valid-t{data.seq_len}")

@@ -1,0 +1,204 @@
+"""Training a feature head on a frozen target's features (`feature_data`).
+
+Entry i of a window feeds (f_{i-1}, x_i) and is trained to give the target's next-token
+distribution at i, restricted to the kept tokens (cross-entropy against the softmax of
+the target's own output rows at f_i), plus, weighted, a smooth-L1 regression of f_i
+scaled by the features' RMS. With `unroll` 2 a second pass feeds the head its own
+predicted features (f̂_{i-1}, x_i), as later draft steps do (EAGLE-3 trains this way).
+
+Batches depend only on (seed, step), and checkpoints (model and optimizer, orbax)
+carry the step, so a run killed and restarted ends with the same weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from jax_specdec.feature_data import FeatureSet
+from jax_specdec.nn.feature_head import FeatureHead
+from jax_specdec.train import _resume, _save
+
+__all__ = ["HeadTrainConfig", "agreement", "init_from_target", "output_rows", "train_head"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTrainConfig:
+    """Optimisation settings and the objective of a feature head."""
+
+    steps: int = 2000
+    batch_size: int = 8
+    learning_rate: float = 1e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 100
+    eval_every: int = 250
+    ce_weight: float = 1.0
+    feature_weight: float = 0.1
+    unroll: int = 1
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "checkpoint_every", "eval_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"HeadTrainConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.unroll not in (1, 2):
+            raise ValueError(f"HeadTrainConfig.unroll must be 1 or 2, got {self.unroll!r}")
+
+    def optimizer(self) -> optax.GradientTransformation:
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0, self.learning_rate, self.warmup_steps, max(self.steps, self.warmup_steps + 1)
+        )
+        return optax.chain(
+            optax.clip_by_global_norm(self.clip_norm),
+            optax.adamw(schedule, weight_decay=self.weight_decay),
+        )
+
+
+def output_rows(target) -> jax.Array:
+    """The target's output matrix [V, D] (its embedding when tied)."""
+    return target.embed[...] if target.lm_head is None else target.lm_head[...].T
+
+
+def init_from_target(head: FeatureHead, target, vocab_map: np.ndarray) -> None:
+    """Sets the head's kept tokens and starts its LM head and norm from the target's:
+    a head that predicted the target's feature exactly would give the target's logits."""
+    head.vocab_map.set_value(jnp.asarray(vocab_map, jnp.int32))
+    head.lm_head.set_value(output_rows(target)[vocab_map].T.astype(head.lm_head[...].dtype))
+    head.norm.scale.set_value(target.final_norm.scale[...])
+
+
+def _batch(data: FeatureSet, size: int, seed: int, step: int):
+    rows = np.random.default_rng([seed, step]).integers(0, len(data), size=size)
+    return tuple(jnp.asarray(a[rows]) for a in data)
+
+
+def _pass_loss(head, prev, tokens, features, soft, embed, scale, config):
+    logits, predicted = head(prev, tokens, embed)
+    ce = optax.softmax_cross_entropy(logits, soft).mean()
+    reg = optax.huber_loss(predicted / scale, features / scale).mean()
+    return config.ce_weight * ce + config.feature_weight * reg, predicted
+
+
+def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
+    tokens, features, _ = batch
+    features = features.astype(jnp.float32)
+    kept_rows = jax.lax.stop_gradient(out_rows[head.vocab_map[...]])  # [K, D]
+    soft = jax.nn.softmax(jnp.einsum("btd,kd->btk", features, kept_rows), axis=-1)
+    prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    loss, predicted = _pass_loss(head, prev, tokens, features, soft, embed, scale, config)
+    if config.unroll == 2:
+        prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
+        second, _ = _pass_loss(head, prev, tokens, features, soft, embed, scale, config)
+        loss = loss + second
+    return loss
+
+
+@nnx.jit(static_argnames="config")
+def _train_step(head, optimizer, batch, embed, out_rows, scale, config):
+    loss_fn = lambda h: _loss(h, batch, embed, out_rows, scale, config)  # noqa: E731
+    loss, grads = nnx.value_and_grad(loss_fn)(head)
+    optimizer.update(head, grads)
+    return loss
+
+
+@nnx.jit(static_argnames="steps")
+def _agree(head, batch, embed, steps: int):
+    """Per draft step: how often the head's argmax is the target's greedy token."""
+    tokens, features, greedy = batch
+    prev = jnp.pad(features[:, :-1].astype(jnp.float32), ((0, 0), (1, 0), (0, 0)))
+    hits = []
+    for _ in range(steps):
+        logits, predicted = head(prev, tokens, embed)
+        guess = head.vocab_map[...][jnp.argmax(logits, axis=-1)]
+        hits.append(jnp.mean((guess == greedy)[:, 1:]))
+        prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    return jnp.stack(hits)
+
+
+def agreement(head, data: FeatureSet, embed, *, steps: int = 2, batch: int = 8) -> list[float]:
+    """Teacher-forced agreement with the target's greedy token on every window of `data`:
+    [first draft (true features in), second (the head's own features in), …]."""
+    totals = np.zeros(steps)
+    count = len(data) // batch
+    for i in range(count):
+        part = tuple(jnp.asarray(a[i * batch : (i + 1) * batch]) for a in data)
+        totals += np.asarray(_agree(head, part, embed, steps))
+    return (totals / max(count, 1)).round(4).tolist()
+
+
+def feature_scale(data: FeatureSet) -> float:
+    """RMS of the target's features (the regression's unit)."""
+    sample = data.features[: min(len(data), 64)].astype(np.float32)
+    return float(np.sqrt(np.mean(sample**2)))
+
+
+def train_head(
+    head: FeatureHead,
+    target,
+    train: FeatureSet,
+    validation: FeatureSet,
+    config: HeadTrainConfig,
+    *,
+    checkpoint_dir,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict:
+    """Trains `head` in place, resuming from `checkpoint_dir` if it holds a checkpoint.
+
+    Args:
+      head: the head (its current weights are the start unless resumed).
+      target: the frozen target (its embedding and output rows are read).
+      train, validation: `FeatureSet`s of the frozen target.
+      config: optimisation settings and objective.
+      checkpoint_dir: orbax checkpoints every `config.checkpoint_every` steps.
+      progress: a tqdm bar with the loss and tokens/s.
+      stop_after: stop (after checkpointing) at this step; for tests.
+
+    Returns:
+      A log dict: train losses, validation agreement per draft step, seconds, steps.
+    """
+    from tqdm.auto import tqdm
+
+    optimizer = nnx.Optimizer(head, config.optimizer(), wrt=nnx.Param)
+    checkpoint_dir = pathlib.Path(checkpoint_dir).absolute()
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+    manager = ocp.CheckpointManager(checkpoint_dir, options=options)
+    log, start = _resume(manager, head, optimizer, checkpoint_dir)
+    log["agreement"] = [x for x in log.get("agreement", []) if x[0] <= start]
+    end = config.steps if stop_after is None else min(config.steps, stop_after)
+    scale, embed, out_rows = feature_scale(train), target.embed[...], output_rows(target)
+    tokens_per_step = config.batch_size * train.tokens.shape[1]
+    bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress)
+    t0, seconds_before = time.perf_counter(), log["seconds"]
+    for step in bar:
+        batch = _batch(train, config.batch_size, config.seed, step)
+        loss = _train_step(head, optimizer, batch, embed, out_rows, scale, config)
+        done = step + 1
+        if done % 10 == 0 or done == end:
+            log["train_loss"].append((done, float(loss)))
+            tok_s = tokens_per_step * (done - start) / (time.perf_counter() - t0)
+            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tok_s:.0f}")
+        if done % config.eval_every == 0 or done == config.steps:
+            log["agreement"].append((done, agreement(head, validation, embed)))
+            message = f"step {done}: agreement per draft step {log['agreement'][-1][1]}"
+            bar.write(message, file=sys.stderr)
+        if done % config.checkpoint_every == 0 or done == end:
+            log["seconds"] = seconds_before + time.perf_counter() - t0
+            _save(manager, done, head, optimizer, log, checkpoint_dir)
+    manager.wait_until_finished()
+    manager.close()
+    log["seconds"] = seconds_before + time.perf_counter() - t0
+    log["steps"] = end
+    return log

@@ -1,0 +1,178 @@
+"""Building a feature head: the target's features on disk (resumable), the kept
+vocabulary, training (agreement rises; a killed run resumes to the same weights), the
+head directory, and `jax-specdec train-drafter` / `generate --draft <head>`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import make_model
+
+from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.feature_data import FeatureSet, extract_features, kept_vocabulary
+from jax_specdec.feature_io import load_head, save_head
+from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+
+VOCAB = 24
+
+
+def tiny_target():
+    return make_model(4, vocab=VOCAB, scale=0.5)
+
+
+def tiny_data(target, directory, count=32, seed=0):
+    """Windows of the target's own greedy text (learnable), with its features."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, VOCAB, size=3).tolist() for _ in range(count)]
+    out = autoregressive_generate(target, prompts, key=jax.random.key(0), max_new_tokens=13)
+    windows = np.concatenate([np.array(prompts), np.asarray(out.tokens)], axis=1)
+    return extract_features(target, windows.astype(np.int32), directory, batch=8, progress=False)
+
+
+def new_head(target, data, kept=16, seed=0):
+    head = FeatureHead(FeatureHeadConfig.for_target(target.config, kept), rngs=nnx.Rngs(seed))
+    init_from_target(head, target, kept_vocabulary(data, kept, VOCAB))
+    return head
+
+
+def test_extraction_resumes_from_its_parts(tmp_path):
+    target = tiny_target()
+    first = tiny_data(target, tmp_path)
+    assert first.features.shape == (32, 16, target.config.d_model)
+    parts = sorted((tmp_path / "parts").glob("*.npz"))
+    assert len(parts) == 4
+    parts[2].unlink()
+    stamp = parts[0].stat().st_mtime_ns
+    again = tiny_data(target, tmp_path)
+    assert parts[0].stat().st_mtime_ns == stamp  # not computed again
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    logits, features = target(jnp.asarray(first.tokens[:2]), features=True)
+    np.testing.assert_allclose(first.features[:2], np.asarray(features), atol=2e-3)
+    np.testing.assert_array_equal(first.greedy[:2], np.argmax(np.asarray(logits), -1))
+
+
+def test_kept_vocabulary_is_the_most_frequent():
+    tokens = np.array([[5, 5, 5, 2, 2, 9]])
+    data = FeatureSet(tokens, np.zeros((1, 6, 1)), np.array([[5, 7, 7, 7, 7, 1]]))
+    np.testing.assert_array_equal(kept_vocabulary(data, 2, 10), [5, 7])
+    with pytest.raises(ValueError, match="kept vocabulary size"):
+        kept_vocabulary(data, 11, 10)
+
+
+def test_training_raises_agreement_and_the_head_drafts_better(tmp_path):
+    target = tiny_target()
+    data = tiny_data(target, tmp_path / "data")
+    head = new_head(target, data)
+    before = agreement(head, data, target.embed[...])
+    config = HeadTrainConfig(steps=150, learning_rate=3e-3, checkpoint_every=150, eval_every=150)
+    log = train_head(
+        head, target, data, data, config, checkpoint_dir=tmp_path / "run", progress=False
+    )
+    after = agreement(head, data, target.embed[...])
+    assert after[0] > before[0] + 0.2 and after[0] > 0.6, (before, after)
+    assert log["agreement"][-1][1] == after
+    prompts = [data.tokens[b, :4].tolist() for b in range(8)]
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=12, num_draft_tokens=3)
+    stats = speculative_generate(target, head, prompts, **kwargs).stats
+    first = np.asarray(stats.accepted_at)[:, 0].sum() / np.asarray(stats.drafted_at)[:, 0].sum()
+    assert first > 0.5  # the first draft, as the teacher-forced agreement measures it
+
+
+TRAIN_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_feature_train import tiny_target, tiny_data, new_head
+from jax_specdec.feature_train import HeadTrainConfig, train_head
+from jax_specdec.feature_io import save_head
+target = tiny_target()
+data = tiny_data(target, {data!r})
+head = new_head(target, data)
+config = HeadTrainConfig(steps=60, checkpoint_every=5, eval_every=1000)
+train_head(head, target, data, data, config, checkpoint_dir={run!r}, progress=False)
+save_head(head, {out!r})
+"""
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+    tests = os.path.dirname(os.path.abspath(__file__))
+
+    def script(name):
+        run, out = tmp_path / f"run-{name}", tmp_path / f"out-{name}"
+        code = TRAIN_SCRIPT.format(
+            tests=tests, data=str(tmp_path / "data"), run=str(run), out=str(out)
+        )
+        return [sys.executable, "-c", code], run, out
+
+    command, run, out = script("killed")
+    process = subprocess.Popen(command)
+    while not any(run.glob("[0-9]*")) and process.poll() is None:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "model.safetensors").exists(), "killed before the end"
+    subprocess.run(command, check=True)
+    log = json.loads((run / "log.json").read_text())
+    assert log["resumed_from"] is not None and log["resumed_from"] < 60
+    command, _, whole = script("whole")
+    subprocess.run(command, check=True)
+    a, b = nnx.state(load_head(out)), nnx.state(load_head(whole))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_head_directory_round_trip_and_bad_files(tmp_path):
+    target = tiny_target()
+    head = FeatureHead(FeatureHeadConfig.for_target(target.config, 10), rngs=nnx.Rngs(1))
+    head.vocab_map.set_value(jnp.arange(0, 20, 2, dtype=jnp.int32))
+    save_head(head, tmp_path / "head")
+    loaded = load_head(tmp_path / "head")
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(loaded)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=6, sampling=SamplingConfig(1.0))
+    a = speculative_generate(target, head, [[1, 2]], **kwargs)
+    b = speculative_generate(target, loaded, [[1, 2]], **kwargs)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    config = json.loads((tmp_path / "head" / "head_config.json").read_text())
+    config["kept"] = 12
+    (tmp_path / "head" / "head_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="has shape"):
+        load_head(tmp_path / "head")
+    with pytest.raises(FileNotFoundError, match="not a feature head"):
+        load_head(tmp_path)
+
+
+def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
+    from jax_specdec.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):  # small files, some of them held out by the hash split
+        (corpus / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 8)
+    out = tmp_path / "head"
+    argv = ["train-drafter", "--target", str(pair / "target"), "--corpus", str(corpus)]
+    argv += ["--out", str(out), "--tokens", "2048", "--seq-len", "64", "--kept", "64"]
+    argv += ["--steps", "3", "--checkpoint-every", "2", "--eval-every", "3"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 3 and len(summary["agreement"]) == 3
+    assert (out / "model.safetensors").is_file() and (out / "training.json").is_file()
+    argv = ["generate", "--target", str(pair / "target"), "--draft", str(out), "--json"]
+    assert main([*argv, "def f(x):", "--max-new-tokens", "8", "--eos", "none"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["stats"]["generated_tokens"] == 8
+    with pytest.raises(SystemExit):  # a head for another tokenizer
+        main(["generate", "--target", str(pair / "other"), "--draft", str(out), "x"])
+    assert "another tokenizer" in capsys.readouterr().err
