@@ -28,8 +28,10 @@ def filled_cache(model, lengths, max_len=200):
 
 
 def decode_with(model, tokens, cache, block, monkeypatch, recent=None):
-    """decode_entries traced afresh with attention.LIVE_BLOCK = block."""
+    """decode_entries traced afresh with attention.LIVE_BLOCK = block (and every size
+    worth a branch, however few bytes the tiny model's cache takes)."""
     monkeypatch.setattr(attention, "LIVE_BLOCK", block)
+    monkeypatch.setattr(attention, "MIN_LIVE_BYTES", 0)
     graphdef, state = nnx.split(model)
 
     def run(state, tokens, cache, recent):
@@ -46,6 +48,29 @@ def test_live_sizes_and_index():
     sizes = attention.live_sizes(200, 16)
     for lengths, index in [([0], 0), ([16, 3], 0), ([17, 3], 1), ([5, 64], 2), ([129], 4)]:
         assert int(attention.live_index(jnp.asarray(lengths), sizes)) == index
+
+
+def test_no_branch_for_a_prefix_cheaper_than_its_conditional():
+    # One position of SmolLM2's batch-1 float32 cache: 2 x 3 heads x 64 x 4 bytes.
+    row = 2 * 3 * 64 * 4
+    cache = jnp.zeros((1, 3, 1024, 64), jnp.float32)
+    assert attention.position_bytes(cache) == row
+    assert attention.position_bytes(jnp.zeros((8, 3, 5, 64), jnp.bfloat16)) == 4 * row
+    floor = attention.MIN_LIVE_BYTES // row  # 341 positions
+    assert attention.live_sizes(200, 16, position_bytes=row) == (200,)  # no conditional
+    assert attention.live_sizes(1024, 16, position_bytes=row) == (512, 1024)
+    assert all(s > floor for s in attention.live_sizes(8192, 16, position_bytes=row))
+    assert attention.live_sizes(1024, 16, position_bytes=8 * row) == (64, 128, 256, 512, 1024)
+    assert attention.live_sizes(1024, 16, position_bytes=0) == attention.live_sizes(1024, 16)
+
+
+def test_small_cache_compiles_no_conditional(model):
+    """The tiny model's cache is far below MIN_LIVE_BYTES: attended whole, no switch."""
+    cache = init_cache(model.config, batch=2, max_len=200)
+    tokens = jnp.ones((2, 1), jnp.int32)
+    graphdef, state = nnx.split(model)
+    run = jax.jit(lambda state, cache: nnx.merge(graphdef, state).decode(tokens, cache)[0])
+    assert " conditional(" not in run.lower(state, cache).compile().as_text()
 
 
 @pytest.mark.parametrize("lengths", [[100, 37, 5], [16, 16, 1], [17, 0, 3], [199, 2, 60]])
@@ -100,14 +125,15 @@ def test_dot_product_attention_kernel_agrees(model, monkeypatch):
 
 
 @pytest.mark.parametrize("speculative", [True, False])
-def test_loop_with_live_prefix_switch_copies_no_cache(target, draft, speculative):
+def test_loop_with_live_prefix_switch_copies_no_cache(target, draft, speculative, monkeypatch):
     """A cache long enough for several live sizes: the switch sits inside the loop's
     rounds, and still no cache is copied there."""
+    monkeypatch.setattr(attention, "MIN_LIVE_BYTES", 0)
     generator = Generator(target, draft, schedule=3) if speculative else Generator(target)
     run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=40)
     assert len(attention.live_sizes(run.cache_len)) >= 3
     hlo = run.lower().compile().as_text()
-    assert "conditional" in hlo
+    assert " conditional(" in hlo
     for model in [target, draft] if speculative else [target]:
         c = model.config
         shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"

@@ -3,8 +3,8 @@ and attention over a cache's live prefix only.
 
 A decode or verify call attends over the cache only up to its longest live row,
 rounded up to one of a few static sizes (`live_sizes`: a block, then doubling, then
-the cache's size; at most five): `lax.switch` picks the branch whose static slice of
-the cache covers every row. The maths in each branch is the plain masked softmax of
+the cache's size; at most five, and none smaller than a size worth its conditional):
+`lax.switch` picks the branch whose static slice of the cache covers every row. The maths in each branch is the plain masked softmax of
 `attention`, so the logits equal full-cache attention's within float32 rounding (the
 masked positions added exactly zero there). A loop over key/value blocks with an
 online softmax, measured against it on this project's CPU, was no faster
@@ -31,6 +31,12 @@ LIVE_BLOCK = 16
 #: at most this many prefix sizes (the largest): every size is one more branch per layer
 #: to compile (compile time grew 1.5-4x with up to 7 of them on the SmolLM2 shapes).
 MAX_LIVE_SIZES = 5
+#: a prefix size gets its own branch only if one layer's keys and values over it (all
+#: rows) take at least this many bytes. Skipping fewer bytes saves less than the
+#: conditional costs (about 30 us per layer on this project's CPU, the time to read
+#: ~0.7 MB), while every branch is compiled once per layer and call site: on the SmolLM2
+#: n-gram program five sizes made up more than half of the compile time.
+MIN_LIVE_BYTES = 1 << 19
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -137,16 +143,29 @@ def _dot_product_attention(q: jax.Array, parts, implementation: str) -> jax.Arra
     return call(implementation="xla").astype(_F32)
 
 
-def live_sizes(max_len: int, block: int | None = None) -> tuple[int, ...]:
+def live_sizes(
+    max_len: int, block: int | None = None, *, position_bytes: int = 0
+) -> tuple[int, ...]:
     """The static prefix sizes a cache of `max_len` positions is attended over:
     block, 2 block, 4 block, ... below max_len, then max_len; only the largest
-    `MAX_LIVE_SIZES` of them."""
+    `MAX_LIVE_SIZES` of them, and none whose keys and values take fewer than
+    `MIN_LIVE_BYTES` when one position of them takes `position_bytes` (0: no such
+    floor). A small cache is thus attended whole, with no conditional at all."""
     block = LIVE_BLOCK if block is None else block
+    smallest = -(-MIN_LIVE_BYTES // position_bytes) if position_bytes > 0 else 0
     sizes, size = [], block
     while size < max_len:
-        sizes.append(size)
+        if size >= smallest:
+            sizes.append(size)
         size *= 2
     return (*sizes, max_len)[-MAX_LIVE_SIZES:]
+
+
+def position_bytes(k_cache: jax.Array) -> int:
+    """Bytes of one position's keys and values in one layer, over all rows, for a
+    cache array [B, K, S, hd]."""
+    B, K, _, hd = k_cache.shape
+    return 2 * B * K * hd * k_cache.dtype.itemsize
 
 
 def live_index(lengths: jax.Array, sizes: tuple[int, ...]) -> jax.Array:

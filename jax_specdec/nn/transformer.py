@@ -20,6 +20,7 @@ from jax_specdec.nn.attention import (
     heads_first,
     live_index,
     live_sizes,
+    position_bytes,
     rope,
 )
 from jax_specdec.nn.cache import KVCache, write_entries
@@ -328,7 +329,7 @@ class Transformer(nnx.Module):
         start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
         # Only the cache's live prefix is attended: one static size for every layer.
-        sizes = live_sizes(cache.max_len)
+        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
         index = live_index(lengths, sizes)
         new_mask = jnp.tril(jnp.ones((T, T), bool))[None]
         if recent is not None:
