@@ -38,6 +38,20 @@ def _widest(counts, active, gamma_max: int):
     return jnp.clip(jnp.max(jnp.where(active, counts, 0)), 0, gamma_max)
 
 
+def _round_widths(config: LoopConfig, fixed: bool) -> tuple[int, ...]:
+    """The widths compiled as branches of the round's switch, increasing, ending at γ_max.
+
+    Every branch is a full target verify to compile (30 unrolled layers on SmolLM2), so a
+    model-free drafter under a constant schedule gets only 0 and γ_max: every row asks for
+    γ_max and is cut short only where the drafter cannot propose (n-gram: no match, or a
+    match that ends within γ of the history's end, which is rare). A round then runs at
+    the smallest width that holds its widest row; rows test only their own drafts, so the
+    output does not depend on the widths compiled."""
+    if fixed and config.draft_def is None:
+        return (0, config.gamma_max)
+    return tuple(range(config.gamma_max + 1))
+
+
 def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     """One round: the schedule picks each row's γ, the drafter proposes (capped by what
     it can propose), the target verifies as wide as the widest active row."""
@@ -64,9 +78,12 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
         width = gamma_max
         light, target_entries, draft_entries, features = round_of_width(gamma_max, light)
     else:
-        width = want if cap is None else _widest(counts, active, gamma_max)
-        branches = [functools.partial(round_of_width, w) for w in range(gamma_max + 1)]
-        light, target_entries, draft_entries, features = jax.lax.switch(width, branches, light)
+        widest = want if cap is None else _widest(counts, active, gamma_max)
+        widths = _round_widths(config, fixed)
+        index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < widest).astype(jnp.int32)
+        width = jnp.asarray(widths, jnp.int32)[index]
+        branches = [functools.partial(round_of_width, w) for w in widths]
+        light, target_entries, draft_entries, features = jax.lax.switch(index, branches, light)
 
     before, after = state.lengths, light.lengths
     target_cache = write_entries(target_cache, *target_entries, written_after(before - 1, after))
