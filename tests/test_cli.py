@@ -162,3 +162,15 @@ def test_sweep_bad_input(pair, args, match, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_help_names_the_real_model_gguf_and_ngram(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    text = " ".join(out[out.index("options:") :].split())  # argparse wraps lines
+    target = text[text.index("--target TARGET") : text.index("--draft DRAFT")]
+    draft = text[text.index("--draft DRAFT") : text.index("--max-new-tokens")]
+    assert "smollm2-135m" in target and ".gguf" in target
+    assert "ngram" in draft and ".gguf" in draft

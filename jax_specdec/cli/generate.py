@@ -12,12 +12,25 @@ from jax_specdec.cli import common
 def add_parser(sub) -> None:
     gen = sub.add_parser(
         "generate",
-        help="speculative generation with the shipped pair (or any HF model directories)",
+        help="speculative generation: the shipped pair by default, SmolLM2-135M with "
+        "--target smollm2-135m --draft ngram, or any HF directory / .gguf file",
     )
     gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent")
     gen.add_argument("--prompt-file", help="one prompt per line (\\n for newlines), a batch")
-    gen.add_argument("--target", default=common.DEFAULT_TARGET, help="target model directory")
-    gen.add_argument("--draft", default=common.DEFAULT_DRAFT, help="draft model directory")
+    gen.add_argument(
+        "--target",
+        default=common.DEFAULT_TARGET,
+        help="target model: a Hugging Face directory (config.json + model.safetensors), "
+        "a .gguf file (Llama, Qwen2, Mistral), or smollm2-135m (SmolLM2-135M-Instruct, "
+        "fetched on first use into ~/.cache/jax_specdec) (default: %(default)s)",
+    )
+    gen.add_argument(
+        "--draft",
+        default=common.DEFAULT_DRAFT,
+        help="draft: a model directory or .gguf file sharing the target's tokenizer, or "
+        "ngram (prompt lookup: drafts copied from the prompt and the text so far, no "
+        "model) (default: %(default)s)",
+    )
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
     common.add_sampling_flags(gen)
