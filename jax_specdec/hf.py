@@ -57,69 +57,80 @@ _Entry = tuple[str, tuple[int, ...], Callable[[np.ndarray], dict[tuple, np.ndarr
 
 def _hf_entries(config: TransformerConfig, arch: str) -> list[_Entry]:
     """Every HF tensor the config implies, with its shape and how it maps to our params."""
-    c = config
+    if arch == "GPT2LMHeadModel":
+        return _gpt2_entries(config)
+    return _llama_entries(config)
+
+
+class _Entries(list):
+    """A list of `_Entry`, with `add` for the tensors that map onto one parameter."""
+
+    def add(self, name, shape, path, transpose=False):
+        self.append((name, shape, lambda a, p=path, t=transpose: {p: a.T if t else a}))
+
+
+def _gpt2_entries(c: TransformerConfig) -> list[_Entry]:
+    D, F, V = c.d_model, c.mlp_dim, c.vocab_size
+    entries = _Entries()
+    entries.add("transformer.wte.weight", (V, D), ("embed",))
+    entries.add("transformer.wpe.weight", (c.max_len, D), ("pos_embed",))
+    for i in range(c.num_layers):
+        h, b = f"transformer.h.{i}.", ("blocks", i)
+
+        def split(a, b=b):  # c_attn holds q, k and v side by side
+            q, k, v = np.split(a, 3, axis=-1)
+            kind = "kernel" if a.ndim == 2 else "bias"
+            return {(*b, "attn", n, kind): x for n, x in zip("qkv", (q, k, v), strict=True)}
+
+        entries.add(h + "ln_1.weight", (D,), (*b, "attn_norm", "scale"))
+        entries.add(h + "ln_1.bias", (D,), (*b, "attn_norm", "bias"))
+        entries.append((h + "attn.c_attn.weight", (D, 3 * D), split))
+        entries.append((h + "attn.c_attn.bias", (3 * D,), split))
+        for name, ours, shape in (
+            ("attn.c_proj.weight", ("attn", "o", "kernel"), (D, D)),
+            ("attn.c_proj.bias", ("attn", "o", "bias"), (D,)),
+            ("ln_2.weight", ("mlp_norm", "scale"), (D,)),
+            ("ln_2.bias", ("mlp_norm", "bias"), (D,)),
+            ("mlp.c_fc.weight", ("mlp", "up", "kernel"), (D, F)),
+            ("mlp.c_fc.bias", ("mlp", "up", "bias"), (F,)),
+            ("mlp.c_proj.weight", ("mlp", "down", "kernel"), (F, D)),
+            ("mlp.c_proj.bias", ("mlp", "down", "bias"), (D,)),
+        ):
+            entries.add(h + name, shape, (*b, *ours))
+    entries.add("transformer.ln_f.weight", (D,), ("final_norm", "scale"))
+    entries.add("transformer.ln_f.bias", (D,), ("final_norm", "bias"))
+    if not c.tie_embeddings:
+        entries.add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
+    return entries
+
+
+def _llama_entries(c: TransformerConfig) -> list[_Entry]:
     D, F, V = c.d_model, c.mlp_dim, c.vocab_size
     qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    entries: list[_Entry] = []
-
-    def add(name, shape, path, transpose=False):
-        entries.append((name, shape, lambda a, p=path, t=transpose: {p: a.T if t else a}))
-
-    if arch == "GPT2LMHeadModel":
-        add("transformer.wte.weight", (V, D), ("embed",))
-        add("transformer.wpe.weight", (c.max_len, D), ("pos_embed",))
-        for i in range(c.num_layers):
-            h, b = f"transformer.h.{i}.", ("blocks", i)
-
-            def split(a, b=b):
-                q, k, v = np.split(a, 3, axis=-1)
-                kind = "kernel" if a.ndim == 2 else "bias"
-                return {(*b, "attn", n, kind): x for n, x in zip("qkv", (q, k, v), strict=True)}
-
-            add(h + "ln_1.weight", (D,), (*b, "attn_norm", "scale"))
-            add(h + "ln_1.bias", (D,), (*b, "attn_norm", "bias"))
-            entries.append((h + "attn.c_attn.weight", (D, 3 * D), split))
-            entries.append((h + "attn.c_attn.bias", (3 * D,), split))
-            add(h + "attn.c_proj.weight", (D, D), (*b, "attn", "o", "kernel"))
-            add(h + "attn.c_proj.bias", (D,), (*b, "attn", "o", "bias"))
-            add(h + "ln_2.weight", (D,), (*b, "mlp_norm", "scale"))
-            add(h + "ln_2.bias", (D,), (*b, "mlp_norm", "bias"))
-            add(h + "mlp.c_fc.weight", (D, F), (*b, "mlp", "up", "kernel"))
-            add(h + "mlp.c_fc.bias", (F,), (*b, "mlp", "up", "bias"))
-            add(h + "mlp.c_proj.weight", (F, D), (*b, "mlp", "down", "kernel"))
-            add(h + "mlp.c_proj.bias", (D,), (*b, "mlp", "down", "bias"))
-        add("transformer.ln_f.weight", (D,), ("final_norm", "scale"))
-        add("transformer.ln_f.bias", (D,), ("final_norm", "bias"))
-        if not c.tie_embeddings:
-            add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
-        return entries
-
-    add("model.embed_tokens.weight", (V, D), ("embed",))
+    entries = _Entries()
+    entries.add("model.embed_tokens.weight", (V, D), ("embed",))
     for i in range(c.num_layers):
         h, b = f"model.layers.{i}.", ("blocks", i)
-        add(h + "input_layernorm.weight", (D,), (*b, "attn_norm", "scale"))
-        add(h + "post_attention_layernorm.weight", (D,), (*b, "mlp_norm", "scale"))
-        for name, dim_in, dim_out, bias in (
-            ("q", D, qd, c.qkv_bias),
-            ("k", D, kvd, c.qkv_bias),
-            ("v", D, kvd, c.qkv_bias),
-            ("o", qd, D, c.out_bias),
+        entries.add(h + "input_layernorm.weight", (D,), (*b, "attn_norm", "scale"))
+        entries.add(h + "post_attention_layernorm.weight", (D,), (*b, "mlp_norm", "scale"))
+        for module, name, dim_in, dim_out, bias in (
+            ("self_attn", "q", D, qd, c.qkv_bias),
+            ("self_attn", "k", D, kvd, c.qkv_bias),
+            ("self_attn", "v", D, kvd, c.qkv_bias),
+            ("self_attn", "o", qd, D, c.out_bias),
+            ("mlp", "gate", D, F, c.mlp_bias),
+            ("mlp", "up", D, F, c.mlp_bias),
+            ("mlp", "down", F, D, c.mlp_bias),
         ):
-            add(
-                f"{h}self_attn.{name}_proj.weight",
-                (dim_out, dim_in),
-                (*b, "attn", name, "kernel"),
-                True,
+            ours = (*b, "attn" if module == "self_attn" else "mlp", name)
+            entries.add(
+                f"{h}{module}.{name}_proj.weight", (dim_out, dim_in), (*ours, "kernel"), True
             )
             if bias:
-                add(f"{h}self_attn.{name}_proj.bias", (dim_out,), (*b, "attn", name, "bias"))
-        for name, dim_in, dim_out in (("gate", D, F), ("up", D, F), ("down", F, D)):
-            add(f"{h}mlp.{name}_proj.weight", (dim_out, dim_in), (*b, "mlp", name, "kernel"), True)
-            if c.mlp_bias:
-                add(f"{h}mlp.{name}_proj.bias", (dim_out,), (*b, "mlp", name, "bias"))
-    add("model.norm.weight", (D,), ("final_norm", "scale"))
+                entries.add(f"{h}{module}.{name}_proj.bias", (dim_out,), (*ours, "bias"))
+    entries.add("model.norm.weight", (D,), ("final_norm", "scale"))
     if not c.tie_embeddings:
-        add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
+        entries.add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
     return entries
 
 
@@ -151,15 +162,33 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
     hf = _read_json(directory / "config.json")
     arch = _architecture(hf)
     config = config_from_hf(hf, dtype=dtype)
-    files = _weight_files(directory)
+    found = _tensor_headers(_weight_files(directory), arch)
+    entries = _hf_entries(config, arch)
+    _check_tensors(directory, found, entries, config)
 
-    # Headers only: names -> (file, shape). No tensor data is read yet.
+    def read():
+        for name, _, convert in entries:
+            # One short-lived handle per tensor: safe_open maps the file, and mapped pages
+            # count as resident until unmapped; this keeps the peak near one model copy.
+            with safe_open(found[name][0], framework="np") as handle:
+                raw = handle.get_tensor(_stored_name(handle, name))
+            yield convert(raw)
+
+    return build_model(config, read())
+
+
+def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Canonical tensor name -> (file, shape), from the safetensors headers only."""
     found: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in files:
         with safe_open(file, framework="np") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 found[_canonical(name, arch)] = (file, tuple(f.get_slice(name).get_shape()))
-    entries = _hf_entries(config, arch)
+    return found
+
+
+def _check_tensors(directory: Path, found, entries: list[_Entry], config) -> None:
+    """ValueError for tensors missing, unexpected or of the wrong shape for the config."""
     wanted = {name for name, _, _ in entries}
     missing = sorted(wanted - set(found))
     if missing:
@@ -177,16 +206,6 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
             raise ValueError(
                 f"tensor {name} has shape {found[name][1]} but the config implies {shape}"
             )
-
-    def read():
-        for name, _, convert in entries:
-            # One short-lived handle per tensor: safe_open maps the file, and mapped pages
-            # count as resident until unmapped; this keeps the peak near one model copy.
-            with safe_open(found[name][0], framework="np") as handle:
-                raw = handle.get_tensor(_stored_name(handle, name))
-            yield convert(raw)
-
-    return build_model(config, read())
 
 
 def build_model(config: TransformerConfig, parts: Iterable[dict[tuple, np.ndarray]]) -> Transformer:

@@ -43,56 +43,53 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
         stored = hf.get("dtype") or hf.get("torch_dtype")
         dtype = "bfloat16" if stored == "bfloat16" else "float32"
     dtype = _dtype_name(dtype)
-
-    def need(key):
-        if key not in hf:
-            raise ValueError(f"config.json for {arch} lacks the field {key!r}")
-        return hf[key]
-
     if arch == "GPT2LMHeadModel":
-        act = hf.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-            raise ValueError(
-                f"GPT-2 activation_function {act!r} is not supported (only the tanh GELU: "
-                "gelu_new, gelu_pytorch_tanh)"
-            )
-        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
-            if hf.get(flag):
-                raise ValueError(f"GPT-2 option {flag}=true is not supported")
-        if hf.get("scale_attn_weights", True) is False:
-            raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
-        d = need("n_embd")
-        heads = need("n_head")
-        return TransformerConfig.gpt2(
-            vocab_size=need("vocab_size"),
-            d_model=d,
-            num_layers=need("n_layer"),
-            num_heads=heads,
-            num_kv_heads=heads,
-            head_dim=d // heads,
-            mlp_dim=hf.get("n_inner") or 4 * d,
-            max_len=need("n_positions"),
-            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            dtype=dtype,
-            param_dtype=dtype,
-        )
+        return _gpt2_from_hf(hf, dtype)
+    return _llama_from_hf(hf, arch, dtype)
 
+
+def _need(hf: dict[str, Any], key: str, arch: str):
+    if key not in hf:
+        raise ValueError(f"config.json for {arch} lacks the field {key!r}")
+    return hf[key]
+
+
+def _gpt2_from_hf(hf: dict[str, Any], dtype: str) -> TransformerConfig:
+    act = hf.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        raise ValueError(
+            f"GPT-2 activation_function {act!r} is not supported (only the tanh GELU: "
+            "gelu_new, gelu_pytorch_tanh)"
+        )
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if hf.get(flag):
+            raise ValueError(f"GPT-2 option {flag}=true is not supported")
+    if hf.get("scale_attn_weights", True) is False:
+        raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
+    need = lambda key: _need(hf, key, "GPT2LMHeadModel")  # noqa: E731
+    d, heads = need("n_embd"), need("n_head")
+    return TransformerConfig.gpt2(
+        vocab_size=need("vocab_size"),
+        d_model=d,
+        num_layers=need("n_layer"),
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=d // heads,
+        mlp_dim=hf.get("n_inner") or 4 * d,
+        max_len=need("n_positions"),
+        norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConfig:
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{arch} hidden_act {act!r} is not supported (only silu)")
-    d = need("hidden_size")
-    heads = need("num_attention_heads")
-    max_len = need("max_position_embeddings")
-    # Sliding-window attention equals full attention up to the window: cap the context.
-    window = hf.get("sliding_window")
-    uses_window = {
-        "MistralForCausalLM": window is not None,
-        "Qwen2ForCausalLM": bool(hf.get("use_sliding_window"))
-        or "sliding_attention" in (hf.get("layer_types") or ()),
-    }.get(arch, False)
-    if uses_window and window:
-        max_len = min(max_len, int(window))
+    need = lambda key: _need(hf, key, arch)  # noqa: E731
+    d, heads = need("hidden_size"), need("num_attention_heads")
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
     else:
@@ -106,7 +103,7 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or d // heads,
         mlp_dim=need("intermediate_size"),
-        max_len=max_len,
+        max_len=_max_len(hf, arch, need("max_position_embeddings")),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(hf, arch),
         qkv_bias=qkv_bias,
@@ -118,6 +115,17 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
     )
 
 
+def _max_len(hf: dict[str, Any], arch: str, max_len: int) -> int:
+    """Sliding-window attention equals full attention up to the window: cap the context."""
+    window = hf.get("sliding_window")
+    uses_window = {
+        "MistralForCausalLM": window is not None,
+        "Qwen2ForCausalLM": bool(hf.get("use_sliding_window"))
+        or "sliding_attention" in (hf.get("layer_types") or ()),
+    }.get(arch, False)
+    return min(max_len, int(window)) if uses_window and window else max_len
+
+
 def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` dictionary for one of our configs.
 
@@ -127,37 +135,46 @@ def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     """
     c = config
     if c.norm == "layer" and c.position == "learned" and c.mlp == "gelu":
-        if not (c.qkv_bias and c.out_bias and c.mlp_bias):
-            raise ValueError("GPT-2 export needs qkv_bias, out_bias and mlp_bias all true")
-        if c.num_kv_heads != c.num_heads or c.head_dim * c.num_heads != c.d_model:
-            raise ValueError(
-                "GPT-2 export needs num_kv_heads == num_heads and head_dim * num_heads == d_model"
-            )
-        return {
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            "vocab_size": c.vocab_size,
-            "n_embd": c.d_model,
-            "n_layer": c.num_layers,
-            "n_head": c.num_heads,
-            "n_inner": c.mlp_dim,
-            "n_positions": c.max_len,
-            "n_ctx": c.max_len,
-            "layer_norm_epsilon": c.norm_eps,
-            "activation_function": "gelu_new",
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "scale_attn_weights": True,
-            "tie_word_embeddings": c.tie_embeddings,
-            "dtype": c.param_dtype,
-        }
+        return _gpt2_to_hf(c)
     if not (c.norm == "rms" and c.position == "rope" and c.mlp == "swiglu"):
         raise ValueError(
             "only Llama-style (norm='rms', position='rope', mlp='swiglu') or GPT-2-style "
             "(norm='layer', position='learned', mlp='gelu') configs can be exported, got "
             f"norm={c.norm!r}, position={c.position!r}, mlp={c.mlp!r}"
         )
+    return _llama_to_hf(c)
+
+
+def _gpt2_to_hf(c: TransformerConfig) -> dict[str, Any]:
+    if not (c.qkv_bias and c.out_bias and c.mlp_bias):
+        raise ValueError("GPT-2 export needs qkv_bias, out_bias and mlp_bias all true")
+    if c.num_kv_heads != c.num_heads or c.head_dim * c.num_heads != c.d_model:
+        raise ValueError(
+            "GPT-2 export needs num_kv_heads == num_heads and head_dim * num_heads == d_model"
+        )
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_embd": c.d_model,
+        "n_layer": c.num_layers,
+        "n_head": c.num_heads,
+        "n_inner": c.mlp_dim,
+        "n_positions": c.max_len,
+        "n_ctx": c.max_len,
+        "layer_norm_epsilon": c.norm_eps,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": c.tie_embeddings,
+        "dtype": c.param_dtype,
+    }
+
+
+def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
+    """LlamaForCausalLM, or Qwen2ForCausalLM when only q/k/v have biases."""
     common = {
         "vocab_size": c.vocab_size,
         "hidden_size": c.d_model,
