@@ -8,7 +8,13 @@ import pytest
 from helpers import VOCAB, ragged_prompts
 
 from jax_specdec import Generator, SamplingConfig, speculative_generate
-from jax_specdec.bench import markdown_report, measure, run_benchmark, time_interleaved
+from jax_specdec.bench import (
+    decode_step_loop,
+    markdown_report,
+    measure,
+    run_benchmark,
+    time_interleaved,
+)
 from jax_specdec.report import markdown_table
 from jax_specdec.schedules import CostModel, calibrate_round_costs
 
@@ -23,6 +29,22 @@ def test_time_interleaved_rotates_passes():
     assert all(t.median == float(np.median(t.runs)) for t in timings)
     with pytest.raises(ValueError, match="fns"):
         time_interleaved([])
+
+
+def test_decode_step_loop_donates_and_hands_on_its_cache(target):
+    """decode_step_time's loop copies no cache (it is donated, and each call gets the
+    cache the previous one returned), and its calls run."""
+    c = target.config
+    call, lower = decode_step_loop(
+        target, batch=2, tokens_per_call=3, context=5, cache_len=40, steps=4
+    )
+    hlo = lower().compile().as_text()
+    shape = f"f32[2,{c.num_kv_heads},40,{c.head_dim}]"
+    copies = [line for line in hlo.splitlines() if shape in line and " copy(" in line]
+    assert shape in hlo and not copies, copies
+    assert "input_output_alias" in hlo
+    first, second = np.asarray(call()), np.asarray(call())  # the second gets the first's cache
+    np.testing.assert_allclose(first, second, rtol=1e-6)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
