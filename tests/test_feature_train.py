@@ -116,7 +116,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
 
     command, run, out = script("killed")
     process = subprocess.Popen(command)
-    while not any(run.glob("[0-9]*")) and process.poll() is None:
+    while not (run / "log.json").exists() and process.poll() is None:  # a finished save
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()

@@ -23,7 +23,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_specdec.nn.attention import cached_attention, heads_first, live_index, live_sizes
+from jax_specdec.nn.attention import (
+    cached_attention,
+    heads_first,
+    live_index,
+    live_sizes,
+    position_bytes,
+)
 from jax_specdec.nn.cache import KVCache
 from jax_specdec.nn.config import TransformerConfig
 from jax_specdec.nn.transformer import Block, Dense, Norm
@@ -165,7 +171,7 @@ class FeatureHead(nnx.Module):
         """
         T = tokens.shape[1]
         positions = start[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
-        sizes = live_sizes(cache.max_len)
+        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
         index = live_index(cache.lengths, sizes)
         own = jnp.tril(jnp.ones((T, T), bool))[None]
         x = self._inputs(prev_features, tokens, embed)

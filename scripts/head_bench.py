@@ -1,0 +1,93 @@
+"""A feature head in the loop on its target: acceptance per draft position, tokens per
+round, and speed against our own autoregressive decoding (interleaved runs, medians,
+compilation apart), on prompts from the standard-library files held out of training.
+
+  python scripts/head_bench.py --target smollm2-135m --head models/smollm2-135m-eagle \
+      --gamma 4 --batch 1 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import numpy as np
+
+from jax_specdec import Generator, SamplingConfig, zoo
+from jax_specdec.bench import measure
+from jax_specdec.data import stdlib_corpus
+from jax_specdec.decode.feature_drafter import attach
+from jax_specdec.feature_io import load_head
+from jax_specdec.hf import load_model, load_tokenizer
+
+
+def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
+    """The first `length` tokens of `count` validation files (held out of training)."""
+    corpus = stdlib_corpus()
+    prompts = []
+    for text in corpus.read(corpus.validation):
+        ids = tokenizer.encode(text).ids
+        if len(ids) >= length:
+            prompts.append(ids[:length])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def per_position(stats) -> tuple[list[float], list[float]]:
+    """(share of rounds whose first i + 1 drafts were accepted, acceptance at position i
+    given that the drafts before it were accepted)."""
+    drafted = np.asarray(stats.drafted_at).sum(0)
+    accepted = np.asarray(stats.accepted_at).sum(0)
+    reached = np.concatenate([drafted[:1], accepted[:-1]])
+    cumulative = accepted / np.maximum(drafted, 1)
+    return cumulative.round(3).tolist(), (accepted / np.maximum(reached, 1)).round(3).tolist()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--head", required=True)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=4, help="prompts (batches of --batch)")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-speed", action="store_true", help="acceptance only")
+    args = p.parse_args()
+    zoo.enable_compilation_cache(True)
+    path = zoo.resolve(args.target)
+    target, tokenizer = load_model(path), load_tokenizer(path)
+    draft = attach(load_head(args.head), target, tokenizer)
+    prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len)
+    sampling = SamplingConfig(args.temperature)
+    spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
+    plain = Generator(target, sampling=sampling)
+    rows = []
+    for start in range(0, len(prompts), args.batch):
+        chunk, key = prompts[start : start + args.batch], jax.random.key(start)
+        bound = dict(key=key, max_new_tokens=args.max_new_tokens)
+        runs = [spec.bind(chunk, **bound), plain.bind(chunk, **bound)]
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(runs[0]())
+        row = {"compile_and_run_seconds": round(time.perf_counter() - t0, 2)}
+        if not args.no_speed:
+            timed = measure(runs, repeats=args.repeats)
+            row["speedup"] = round(timed[1].seconds / timed[0].seconds, 3)
+            row["spec_tokens_per_s"] = round(
+                int(np.asarray(out.lengths).sum()) / timed[0].seconds, 1
+            )
+            row["ar_tokens_per_s"] = round(int(np.asarray(out.lengths).sum()) / timed[1].seconds, 1)
+        row["accepted_through"], row["alpha_per_position"] = per_position(out.stats)
+        row["tokens_per_round"] = round(float(out.stats.tokens_per_round(out.lengths)), 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"args": vars(args), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
