@@ -108,11 +108,13 @@ def build_head(
     layers: int = 1,
     run_name: str = "head",
     target_name: str = "",
+    stop_after: int | None = None,
 ) -> dict:
     """Builds (or resumes building) a head for `target` and saves it to `out`.
 
     Returns a summary: data, kept-token coverage, training time and steps, and the
-    held-out agreement with the target's greedy token per draft step.
+    held-out agreement with the target's greedy token per draft step. `stop_after`
+    stops the run at that step (the head saved as it is); calling again continues it.
     """
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
     from jax_specdec.feature_io import save_head
@@ -131,7 +133,9 @@ def build_head(
     head = FeatureHead(config, rngs=nnx.Rngs(train.seed))
     init_from_target(head, target, vocab_map)
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
-    log = train_head(head, target, train_set, valid_set, train, checkpoint_dir=run_dir)
+    log = train_head(
+        head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
+    )
     save_head(head, out)
     summary = {
         "data": dataclasses.asdict(data),

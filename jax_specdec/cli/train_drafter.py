@@ -31,6 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        help="stop at this step and save the head as it is; the same command without it "
+        "(or with a later step) continues the run",
+    )
     p.set_defaults(handler=run, parser=p)
 
 
@@ -84,6 +90,7 @@ def run(args, parser) -> int:
             layers=args.layers,
             run_name=args.run_name,
             target_name=str(args.target),
+            stop_after=args.stop_after,
         )
     except (ValueError, FileNotFoundError) as e:
         common.fail(parser, e)
