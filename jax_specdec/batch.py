@@ -5,17 +5,23 @@ Input: one JSON object per line with an `id` (string or integer, unique) and eit
 `top_k`, `top_p` and `max_new_tokens` overriding the job's defaults.
 
 Output: one JSON object per finished row, `{"id", "seed", "tokens", "text", "stats"}`,
-appended and flushed batch by batch, plus `<output>.job.json` recording what the job
+appended and flushed call by call, plus `<output>.job.json` recording what the job
 is (models, seed, schedule, defaults, input): a restart with a different job is refused.
 
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
-(63 bits of SHA-256, so a million rows do not share a seed). Rows are
-grouped by their sampling settings, sorted by prompt length and cut into batches of
-`batch_size`; the plan covers all rows, and a restart runs the same plan minus the
-finished ids. A row's tokens depend on its seed and prompt only (the loop keeps rows
-independent), so the output does not depend on batch size, bucketing, order or
-restarts; an interrupted and restarted job writes the same lines in the same order.
+(63 bits of SHA-256, so a million rows do not share a seed). Rows are grouped by their
+sampling settings and sorted by prompt length (then input line). With slots (the
+default) a group runs in calls of up to `rows_per_call` rows (CALL_SLOTS x slots
+unless given), each call feeding
+its rows through the slots (a finished row's slot takes the next row inside the
+program; rows of any budget share a call). With fixed batches, groups are also split
+by max_new_tokens and cut into batches of `batch_size`, each running until its
+slowest row is done. The plan covers all rows, and a restart runs the same plan minus
+the finished ids. A row's tokens depend on its seed and prompt only (the loop keeps
+rows independent), so the output does not depend on slots, batch size, bucketing,
+order or restarts; an interrupted and restarted job writes the same lines in the
+same order.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from jax_specdec.sampling import SamplingConfig
 
 __all__ = [
+    "CALL_SLOTS",
     "JobError",
     "JobRow",
     "derive_seed",
@@ -44,6 +51,9 @@ __all__ = [
 ]
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+# With slots, one call runs up to CALL_SLOTS x slots rows: a killed job redoes at most
+# one call, and a call's last rows leave slots idle only at its end.
+CALL_SLOTS = 16
 _KNOWN = {"id", "prompt", "tokens", "seed", "max_new_tokens", *_SAMPLING_FIELDS}
 
 
@@ -168,12 +178,15 @@ def read_rows(
     return rows, errors
 
 
-def plan_batches(rows: Iterable[JobRow], batch_size: int) -> list[list[JobRow]]:
-    """Rows grouped by (sampling, max_new_tokens), sorted by prompt length (then input
-    line), cut into batches of at most batch_size. Deterministic for a set of rows."""
+def plan_batches(
+    rows: Iterable[JobRow], batch_size: int, *, by_budget: bool = True
+) -> list[list[JobRow]]:
+    """Rows grouped by sampling (and max_new_tokens if `by_budget`), sorted by prompt
+    length (then input line), cut into calls of at most batch_size rows.
+    Deterministic for a set of rows."""
     groups: dict = {}
     for row in rows:
-        groups.setdefault((row.sampling, row.max_new_tokens), []).append(row)
+        groups.setdefault((row.sampling, row.max_new_tokens if by_budget else 0), []).append(row)
     plan = []
     for key in sorted(groups, key=lambda k: (dataclasses.astuple(k[0]), k[1])):
         ordered = sorted(groups[key], key=lambda r: (len(r.tokens), r.line))
@@ -237,26 +250,33 @@ def _check_job(output: pathlib.Path, job: dict) -> None:
         meta.write_text(json.dumps(job, indent=1) + "\n")
 
 
-def make_generate(target, draft, *, eos_token_id, num_draft_tokens: int = 4, mesh=None):
+def make_generate(
+    target, draft, *, eos_token_id, num_draft_tokens: int = 4, mesh=None, num_slots=None
+):
     """The `generate` of `run_job`: speculative decoding with `draft`, or autoregressive
-    decoding of `target` when draft is None; on `mesh` if given (a batch is padded to a
-    multiple of its data axis with copies of its last row, whose outputs are dropped)."""
+    decoding of `target` when draft is None; through `num_slots` slots if given (at most
+    one per row); on `mesh` if given (a fixed batch is padded to a multiple of its data
+    axis with copies of its last row, whose outputs are dropped)."""
     import jax
 
     from jax_specdec.decode import autoregressive_generate, speculative_generate
 
     def generate(prompts, keys, sampling, max_new_tokens):
         rows = len(prompts)
-        if mesh is not None:
+        slots = None if num_slots is None else min(num_slots, rows)
+        if mesh is not None and slots is None:
             extra = -rows % mesh.shape["data"]
             prompts = prompts + [prompts[-1]] * extra
             keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
+            if not isinstance(max_new_tokens, int):
+                max_new_tokens = list(max_new_tokens) + [max_new_tokens[-1]] * extra
         common = dict(
             key=keys,
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_token_id=eos_token_id,
             mesh=mesh,
+            num_slots=slots,
         )
         if draft is None:
             out = autoregressive_generate(target, prompts, **common)
@@ -277,22 +297,28 @@ def run_job(
     generate,
     job: dict,
     batch_size: int,
+    slots: int | None = None,
+    rows_per_call: int | None = None,
     detokenize=None,
     progress: bool = True,
 ) -> dict:
-    """Runs the rows not yet in `output`, appending one line per row, batch by batch.
+    """Runs the rows not yet in `output`, appending one line per row, call by call.
 
     Args:
       rows: from `read_rows`.
       output: the results file (created, or resumed).
-      generate: fn(prompts: list[list[int]], keys, sampling, max_new_tokens) ->
-        GenerationOutput for one batch (speculative or autoregressive).
+      generate: fn(prompts: list[list[int]], keys, sampling, max_new_tokens: [int]) ->
+        GenerationOutput for one call (speculative or autoregressive).
       job: what identifies the job (models, seed, schedule, defaults); stored beside
         the output and compared on restart.
-      batch_size: rows per batch.
+      batch_size: rows per fixed batch (when `slots` is None).
+      slots: the slots `generate` runs its rows through: calls of up to
+        `rows_per_call` (default CALL_SLOTS x slots) rows of one sampling group,
+        whatever their budgets.
       detokenize: fn(ids) -> text, or None.
 
-    Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round).
+    Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round,
+    occupancy).
     """
     from tqdm.auto import tqdm
 
@@ -305,15 +331,20 @@ def run_job(
             f"{output} holds {len(unknown)} id(s) that are not in the input, e.g. "
             f"{sorted(unknown)[0]}: it belongs to a different job"
         )
-    plan = [[r for r in batch if r.key not in done] for batch in plan_batches(rows, batch_size)]
-    plan = [batch for batch in plan if batch]
-    totals = dict.fromkeys(("rows", "tokens", "accepted", "rejected", "rounds", "drafted"), 0)
+    pending = [r for r in rows if r.key not in done]
+    if slots is None:
+        plan = plan_batches(pending, batch_size)
+    else:
+        plan = plan_batches(pending, rows_per_call or CALL_SLOTS * slots, by_budget=False)
+    counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
+    totals = dict.fromkeys(counters, 0)
     start = time.perf_counter()
     bar = tqdm(total=sum(map(len, plan)), desc="batch", unit="row", disable=not progress)
     with open(output, "a", encoding="utf-8") as f:
         for batch in plan:
-            results = _run_batch(batch, generate, detokenize)
-            # Appended and synced batch by batch: a killed job loses at most this batch.
+            results, slot_rounds = _run_batch(batch, generate, detokenize)
+            totals["slot_rounds"] += slot_rounds
+            # Appended and synced call by call: a killed job loses at most this call.
             f.write("".join(json.dumps(r) + "\n" for r in results))
             f.flush()
             os.fsync(f.fileno())
@@ -328,14 +359,13 @@ def run_job(
     return _summary(totals, len(done), time.perf_counter() - start)
 
 
-def _run_batch(batch: list[JobRow], generate, detokenize) -> list[dict]:
-    """One batch through `generate`: an output record per row."""
+def _run_batch(batch: list[JobRow], generate, detokenize) -> tuple[list[dict], int]:
+    """One call of `generate`: an output record per row, and the call's slot-rounds."""
     import jax
 
     keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
-    out = generate(
-        [list(r.tokens) for r in batch], keys, batch[0].sampling, batch[0].max_new_tokens
-    )
+    budgets = [r.max_new_tokens for r in batch]
+    out = generate([list(r.tokens) for r in batch], keys, batch[0].sampling, budgets)
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     counters = {
         k: np.asarray(getattr(out.stats, k)) for k in ("rounds", "drafted", "accepted", "rejected")
@@ -348,7 +378,7 @@ def _run_batch(batch: list[JobRow], generate, detokenize) -> list[dict]:
         records.append(
             {"id": row.id, "seed": row.seed, "tokens": ids, "text": text, "stats": stats}
         )
-    return records
+    return records, int(out.stats.slot_rounds)
 
 
 def _summary(totals: dict, skipped: int, seconds: float) -> dict:
@@ -363,4 +393,5 @@ def _summary(totals: dict, skipped: int, seconds: float) -> dict:
         "rows_per_second": totals["rows"] / seconds if seconds else 0.0,
         "alpha": totals["accepted"] / judged if judged else None,
         "tokens_per_round": (totals["tokens"] - totals["rows"]) / rounds if rounds else None,
+        "occupancy": rounds / totals["slot_rounds"] if totals["slot_rounds"] else None,
     }

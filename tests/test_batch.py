@@ -48,16 +48,17 @@ def by_id(path):
     return {json.dumps(r["id"]): r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def test_rows_do_not_depend_on_batch_size_or_order(pair, tmp_path, capsys):
+def test_rows_do_not_depend_on_slots_batch_size_or_order(pair, tmp_path, capsys):
     rows = job_rows()
     inp = write_input(tmp_path / "in.jsonl", rows)
-    assert run(pair, inp, tmp_path / "a.jsonl", "--batch-size", "3") == 0
+    assert run(pair, inp, tmp_path / "a.jsonl", "--slots", "3") == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rows_run"] == 10
     shuffled = rows[:]
     random.Random(0).shuffle(shuffled)
     inp2 = write_input(tmp_path / "in2.jsonl", shuffled)
-    assert run(pair, inp2, tmp_path / "b.jsonl", "--batch-size", "4") == 0
+    assert run(pair, inp2, tmp_path / "b.jsonl", "--fixed-batches", "--batch-size", "4") == 0
+    fixed = json.loads(capsys.readouterr().out)
     a, b = by_id(tmp_path / "a.jsonl"), by_id(tmp_path / "b.jsonl")
     assert a.keys() == b.keys() and len(a) == 10
     for k in a:
@@ -71,6 +72,8 @@ def test_rows_do_not_depend_on_batch_size_or_order(pair, tmp_path, capsys):
     assert summary["tokens"] == sum(s["generated"] for s in rows_stats)
     accepted = sum(s["accepted"] for s in rows_stats)
     assert summary["alpha"] == accepted / (accepted + sum(s["rejected"] for s in rows_stats))
+    # Three slots are busier than fixed batches that wait for their slowest row.
+    assert 0 < fixed["occupancy"] < summary["occupancy"] <= 1
     # Rows 0 and 6 share a prompt but not an id: different seeds, different samples.
     assert rows[0]["prompt"] == rows[6]["prompt"] and a["0"]["seed"] != a["6"]["seed"]
     assert a["0"]["tokens"] != a["6"]["tokens"]
@@ -88,10 +91,11 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path):
     rows = [{"id": i, "prompt": PROMPTS[i % len(PROMPTS)]} for i in range(16)]
     inp = write_input(tmp_path / "in.jsonl", rows)
     full, cut = tmp_path / "full.jsonl", tmp_path / "cut.jsonl"
-    assert run(pair, inp, full, "--batch-size", "2") == 0
+    slots = ["--slots", "2", "--rows-per-call", "2"]
+    assert run(pair, inp, full, *slots) == 0
     argv = [sys.executable, "-m", "jax_specdec.cli", "batch", "--target", str(pair / "target")]
     argv += ["--draft", str(pair / "draft"), "--input", str(inp), "--output", str(cut)]
-    argv += ["--max-new-tokens", "10", "--temperature", "1", "--seed", "3", "--batch-size", "2"]
+    argv += ["--max-new-tokens", "10", "--temperature", "1", "--seed", "3", *slots]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -105,10 +109,10 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path):
     assert 4 <= lines < 16
     with open(cut, "a") as f:  # a torn last line, as a kill during a write leaves
         f.write('{"id": 9, "seed": 1, "tok')
-    assert run(pair, inp, cut, "--batch-size", "2") == 0
+    assert run(pair, inp, cut, *slots) == 0
     assert cut.read_text() == full.read_text()
     # Running it again finds every id finished and changes nothing.
-    assert run(pair, inp, cut, "--batch-size", "5") == 0
+    assert run(pair, inp, cut, "--fixed-batches", "--batch-size", "5") == 0
     assert cut.read_text() == full.read_text()
 
 

@@ -21,7 +21,26 @@ def add_parser(sub) -> None:
     job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")
     job.add_argument("--target", default=common.DEFAULT_TARGET, help="target model directory")
     job.add_argument("--draft", default=common.DEFAULT_DRAFT, help="draft model directory")
-    job.add_argument("--batch-size", type=int, default=8)
+    job.add_argument(
+        "--slots",
+        type=int,
+        default=8,
+        help="rows generated at once; a finished row's slot takes the next prompt inside "
+        "the compiled program (default 8)",
+    )
+    job.add_argument(
+        "--fixed-batches",
+        action="store_true",
+        help="the old way, for comparison: fixed batches of --batch-size rows of one "
+        "max_new_tokens, each running until its slowest row is done",
+    )
+    job.add_argument(
+        "--rows-per-call",
+        type=int,
+        help="rows per compiled-program call with slots (default 16 x --slots); output "
+        "lines are written after each call, so a killed job redoes at most one call",
+    )
+    job.add_argument("--batch-size", type=int, default=8, help="rows per fixed batch")
     job.add_argument("--seed", type=int, default=0, help="job seed (rows without their own)")
     job.add_argument("--num-draft-tokens", "-k", type=int, default=4)
     job.add_argument("--max-new-tokens", type=int, default=128)
@@ -48,6 +67,8 @@ def _load(args):
     from jax_specdec.batch import read_rows
 
     for flag, value in (
+        ("--slots", args.slots),
+        ("--rows-per-call", args.rows_per_call or 1),
         ("--batch-size", args.batch_size),
         ("--num-draft-tokens", args.num_draft_tokens),
         ("--max-new-tokens", args.max_new_tokens),
@@ -129,6 +150,7 @@ def run(args, parser) -> int:
         eos_token_id=eos,
         num_draft_tokens=args.num_draft_tokens,
         mesh=mesh,
+        num_slots=None if args.fixed_batches else args.slots,
     )
     try:
         summary = run_job(
@@ -137,6 +159,8 @@ def run(args, parser) -> int:
             generate=generate,
             job=_job(args, eos),
             batch_size=args.batch_size,
+            slots=None if args.fixed_batches else args.slots,
+            rows_per_call=args.rows_per_call,
             detokenize=tokenizer.decode,
         )
     except (JobError, ValueError) as e:

@@ -4,6 +4,7 @@ its bound calls (`Run`), and the one-call forms `speculative_generate` and
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
@@ -19,7 +20,7 @@ from jax_specdec.decode.draft_model import DraftModel, EarlyExit
 from jax_specdec.decode.feature_drafter import FeatureDraft, FeatureDrafter, attach
 from jax_specdec.decode.ngram import NGram
 from jax_specdec.decode.request import Request, check_int, make_request
-from jax_specdec.decode.stats import GenerationOutput
+from jax_specdec.decode.stats import ROW_FIELDS, GenerationOutput
 from jax_specdec.nn import Transformer
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
@@ -45,6 +46,7 @@ class ProgramArgs(NamedTuple):
     prompts: jax.Array  # [B, P] int32
     prompt_lengths: jax.Array  # [B] int32
     keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
+    budgets: jax.Array  # [B] int32 max_new_tokens per row (0: a padding row of slots)
 
 
 class Run:
@@ -66,7 +68,8 @@ class Run:
         return self.config.cache_len
 
     def __call__(self) -> GenerationOutput:
-        return program.generate(*self.args, config=self.config)
+        out = program.generate(*self.args, config=self.config)
+        return _first_rows(out, self.request.batch)
 
     def lower(self) -> jax.stages.Lowered:
         """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
@@ -187,19 +190,33 @@ class Generator:
             self._defs.append(None)
             self._states.append(None)
 
-    def bind(self, prompts, *, key: jax.Array, max_new_tokens: int, prompt_lengths=None) -> Run:
+    def bind(
+        self, prompts, *, key: jax.Array, max_new_tokens, prompt_lengths=None, num_slots=None
+    ) -> Run:
         """Validates and places one call's inputs; returns the `Run` that generates.
 
         Args:
           prompts: a list of token-id lists (ragged), or an int array [B, P] with
             `prompt_lengths` [B] (right padding ignored).
           key: one `jax.random.key` (row b uses fold_in(key, b)) or an array of B keys.
-          max_new_tokens: tokens to generate per row (fewer if the row emits EOS).
+          max_new_tokens: tokens to generate per row (fewer if the row emits EOS): one
+            int, or one per prompt.
           prompt_lengths: [B] lengths when `prompts` is an array.
+          num_slots: run the B prompts through this many rows (1 <= S <= B), a finished
+            row taking the next waiting prompt inside the program; every prompt gets
+            the tokens it gets alone. The prompts are padded to S·2^k rows, so a
+            different B in the same bucket reuses the compiled program. None: one row
+            per prompt.
         """
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
         )
+        if num_slots is not None:
+            num_slots = check_int("num_slots", num_slots, 1)
+            if num_slots > request.batch:
+                raise ValueError(
+                    f"num_slots ({num_slots}) exceeds the number of prompts ({request.batch})"
+                )
         for name, model in self._models:
             _check_fits(model, name, request)
         gamma_max = 0 if self.schedule is None else self.schedule.max_gamma
@@ -219,22 +236,59 @@ class Generator:
             pad_token_id=self.pad_token_id,
             cache_len=cache_len,
             mesh=self.mesh,
+            num_slots=num_slots,
         )
-        return Run(config, request, ProgramArgs(*self._states, *self._place(request)))
+        return Run(config, request, ProgramArgs(*self._states, *self._place(request, num_slots)))
 
-    def _place(self, request: Request):
+    def _place(self, request: Request, num_slots: int | None):
+        rows = request.batch
+        arrays = (request.prompts, request.prompt_lengths, request.keys, request.budgets)
+        if num_slots is not None:
+            if self.mesh is not None:
+                check_mesh(self.mesh, [], batch=num_slots)
+            arrays = _pad_rows(arrays, num_slots * 2 ** math.ceil(math.log2(rows / num_slots)))
+            rows = arrays[0].shape[0]
         if self.mesh is None:
-            return jnp.asarray(request.prompts), jnp.asarray(request.prompt_lengths), request.keys
-        check_mesh(self.mesh, [], batch=request.batch)
-        key_data = np.asarray(jax.random.key_data(request.keys))
-        return place_rows(self.mesh, request.prompts, request.prompt_lengths, key_data)
+            return tuple(map(jnp.asarray, arrays))
+        check_mesh(self.mesh, [], batch=rows)
+        key_data = np.asarray(jax.random.key_data(arrays[2]))
+        return place_rows(self.mesh, arrays[0], arrays[1], key_data, arrays[3])
 
-    def __call__(self, prompts, *, key: jax.Array, max_new_tokens: int, prompt_lengths=None):
+    def __call__(
+        self, prompts, *, key: jax.Array, max_new_tokens, prompt_lengths=None, num_slots=None
+    ):
         """Generates: `bind(...)` and run, with a warning if NaN/inf logits were met."""
         run = self.bind(
-            prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths
+            prompts,
+            key=key,
+            max_new_tokens=max_new_tokens,
+            prompt_lengths=prompt_lengths,
+            num_slots=num_slots,
         )
         return _checked(run())
+
+
+def _pad_rows(arrays, rows: int):
+    """Prompts, lengths, keys and budgets padded to `rows` rows: padding rows have a
+    one-token prompt and budget 0 (never loaded)."""
+    prompts, lengths, keys, budgets = arrays
+    extra = rows - prompts.shape[0]
+    if extra == 0:
+        return arrays
+    return (
+        np.pad(prompts, ((0, extra), (0, 0))),
+        np.pad(lengths, (0, extra), constant_values=1),
+        jnp.concatenate([keys, jax.random.split(keys[0], extra)]),
+        np.pad(budgets, (0, extra)),
+    )
+
+
+def _first_rows(out: GenerationOutput, rows: int) -> GenerationOutput:
+    """The output of the first `rows` rows (the prompts given, without slot padding)."""
+    if out.tokens.shape[0] == rows:
+        return out
+    stats = out.stats.replace(**{f: getattr(out.stats, f)[:rows] for f in ROW_FIELDS})
+    return GenerationOutput(out.tokens[:rows], out.lengths[:rows], stats)
 
 
 def _schedule(num_draft_tokens, schedule):
@@ -297,8 +351,9 @@ def speculative_generate(
     prompts,
     *,
     key: jax.Array,
-    max_new_tokens: int,
+    max_new_tokens,
     prompt_lengths=None,
+    num_slots: int | None = None,
     **settings,
 ) -> GenerationOutput:
     """Generates with speculative decoding; distributed exactly as sampling from `target`.
@@ -306,7 +361,7 @@ def speculative_generate(
     `Generator(target, draft, **settings)(prompts, key=..., max_new_tokens=...)`: see
     `Generator` for `schedule` (an int γ or a policy; `num_draft_tokens` is an alias),
     `sampling` (default greedy), `eos_token_id`, `vocab_size`, `pad_token_id`, `mesh`,
-    and `Generator.bind` for the prompts, key and budget.
+    and `Generator.bind` for the prompts, key, budgets and `num_slots`.
 
     Returns:
       GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
@@ -317,7 +372,13 @@ def speculative_generate(
             "autoregressive_generate"
         )
     generator = Generator(target, draft, **settings)
-    return generator(prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths)
+    return generator(
+        prompts,
+        key=key,
+        max_new_tokens=max_new_tokens,
+        prompt_lengths=prompt_lengths,
+        num_slots=num_slots,
+    )
 
 
 def autoregressive_generate(
@@ -325,11 +386,19 @@ def autoregressive_generate(
     prompts,
     *,
     key: jax.Array,
-    max_new_tokens: int,
+    max_new_tokens,
     prompt_lengths=None,
+    num_slots: int | None = None,
     **settings,
 ) -> GenerationOutput:
     """Plain decoding, one target call per token: `Generator(target, **settings)` called on
-    the prompts (`sampling`, `eos_token_id`, `pad_token_id`, `mesh`; default greedy)."""
+    the prompts (`sampling`, `eos_token_id`, `pad_token_id`, `mesh`; default greedy;
+    `num_slots` as in `Generator.bind`)."""
     generator = Generator(target, **settings)
-    return generator(prompts, key=key, max_new_tokens=max_new_tokens, prompt_lengths=prompt_lengths)
+    return generator(
+        prompts,
+        key=key,
+        max_new_tokens=max_new_tokens,
+        prompt_lengths=prompt_lengths,
+        num_slots=num_slots,
+    )

@@ -35,6 +35,8 @@ class LoopConfig:
       pad_token_id: fills the output after each row's end.
       cache_len: positions per row of every KV cache.
       mesh: a ("data", "model") mesh the program is partitioned over, or None.
+      num_slots: run the prompts through this many rows, each refilled with the next
+        waiting prompt when its row finishes (`decode.slots`); None: one row per prompt.
     """
 
     target_def: Any
@@ -48,6 +50,7 @@ class LoopConfig:
     pad_token_id: int
     cache_len: int
     mesh: Mesh | None = None
+    num_slots: int | None = None
 
     @property
     def gamma_max(self) -> int:

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 
 from jax_specdec.decode.drafter import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
-from jax_specdec.decode.state import gather_last, new_cache, pad_entries, written_after
+from jax_specdec.decode.state import (
+    gather_last,
+    load_row,
+    new_cache,
+    pad_entries,
+    prefill_row,
+    written_after,
+)
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.nn import write_entries
 from jax_specdec.sampling import probs_from_logits
@@ -99,6 +106,12 @@ class DraftModel:
             return cache
         _, cache = model.decode(prompts, cache)
         return cache.replace(lengths=prompt_lengths)
+
+    def load(self, model, cache, slot, prompt, prompt_length, config):
+        if self.catch_up:  # filled by the catch-up before the row's first drafting round
+            return cache.replace(lengths=cache.lengths.at[slot].set(0))
+        _, row = prefill_row(model, prompt)
+        return load_row(cache, row, slot, prompt_length[0])
 
     def prepare(self, model, cache, inputs: DraftInputs, config):
         if self.catch_up:

@@ -15,9 +15,13 @@ drafts with, if any, is passed to its methods as an argument. Each round calls:
 3. `commit(cache, prepared, entries, before, after, width, config)` after the switch:
    writes the entries, and sets the cache's valid length from the round's outcome.
 
+With slots (`num_slots`), a slot whose row has finished takes the next prompt inside
+the loop: `load(model, cache, slot, prompt, prompt_length, config)` resets row `slot`
+of the cache to that one prompt ([1, P], length [1]), as `init` would have made it.
+
 A drafter whose `reads_features` attribute is true also gets the target's features
 (its top layer's hidden states after the final norm, `Transformer.decode_entries(...,
-features=True)`): `init(..., features=[B, P, D])` for the prompt, and `commit(...,
+features=True)`): `init(..., features=[B, P, D])` and `load(..., features=[1, P, D])` for the prompt, and `commit(...,
 features=[B, γ_max + 1, D])` for the positions `before - 1 …` the round verified (the
 first `after - before + 1` are the accepted ones and the position of the correction).
 Every round of such a drafter goes through the verify call (no plain γ = 0 steps).
@@ -90,3 +94,6 @@ class Drafter(Protocol):
     def commit(self, cache, prepared, entries, before, after, width, config) -> Any:
         """The cache after the round: `before` and `after` are the rows' lengths [B],
         `width` [] the round's width (0: nothing was drafted)."""
+
+    def load(self, model, cache, slot, prompt, prompt_length, config) -> Any:
+        """The cache with row `slot` ([] int32) holding only `prompt` [1, P]."""

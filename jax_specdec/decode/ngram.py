@@ -58,6 +58,9 @@ class NGram:
     def commit(self, cache, prepared, entries, before, after, width, config):
         return None
 
+    def load(self, model, cache, slot, prompt, prompt_length, config):
+        return None
+
     def lookup(self, tokens: jax.Array, lengths: jax.Array, gamma: int):
         """Proposals for every row.
 

@@ -32,12 +32,13 @@ class Noise(NamedTuple):
 
 
 def round_keys(keys: jax.Array, round_index) -> jax.Array:
-    """[B] keys of round `round_index`: fold_in(keys[b], round_index)."""
-    return jax.vmap(lambda k: jax.random.fold_in(k, round_index))(keys)
+    """[B] keys of round `round_index` ([] or one per row [B]): fold_in(keys[b], r[b])."""
+    rounds = jnp.broadcast_to(jnp.asarray(round_index, jnp.int32), keys.shape)
+    return jax.vmap(jax.random.fold_in)(keys, rounds)
 
 
 def round_noise(keys, round_index, gamma_max: int, sampling: SamplingConfig) -> Noise:
-    """The noise of round `round_index` for rows with `keys` [B]."""
+    """The noise of round `round_index` ([] or [B]) for rows with `keys` [B]."""
     batch = keys.shape[0]
     if sampling.greedy:
         return Noise(

@@ -1,4 +1,5 @@
-"""The program: prefill, then a `lax.while_loop` over rounds, all under one `jax.jit`.
+"""The program: prefill, then a `lax.while_loop` over rounds, all under one `jax.jit`
+(with slots: each round followed by the refill of finished rows, `decode.slots`).
 
 Its only static argument is the `LoopConfig`; weights, prompts and keys are arrays,
 so calls with the same config and shapes reuse the compiled program.
@@ -16,6 +17,7 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafter import reads_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
+from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
 from jax_specdec.decode.stats import GenerationOutput, init_stats, nonfinite
 from jax_specdec.sampling import probs_from_logits
@@ -23,7 +25,9 @@ from jax_specdec.sampling import probs_from_logits
 __all__ = ["generate", "init_state"]
 
 
-def init_state(target, draft, prompts, prompt_lengths, keys, config: LoopConfig) -> LoopState:
+def init_state(
+    target, draft, prompts, prompt_lengths, keys, budgets, config: LoopConfig
+) -> LoopState:
     """Prefills the target (and the drafter) with the prompts [B, P] and emits each row's
     first token, drawn with fold_in(keys[b], 0)."""
     batch, width = prompts.shape
@@ -47,11 +51,12 @@ def init_state(target, draft, prompts, prompt_lengths, keys, config: LoopConfig)
         tokens=jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(prompts),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
+        budgets=budgets,
         keys=keys,
         target_cache=target_cache,
         draft_cache=draft_cache,
         done=jnp.zeros((batch,), bool),
-        round=jnp.zeros((), jnp.int32),
+        round=zeros,
         last_gamma=zeros,
         last_accepted=zeros,
         stats=init_stats(batch, config.gamma_max, nonfinite(last)),
@@ -61,18 +66,22 @@ def init_state(target, draft, prompts, prompt_lengths, keys, config: LoopConfig)
 
 def _loop_body(target, draft, config: LoopConfig):
     if not config.speculative:
-        return functools.partial(autoregressive_step, target, config=config)
-    body = functools.partial(speculative_round, target, draft, config=config)
-    # Rounds may skip drafting: plain steps then, unless the drafter reads the features
-    # only the verify call gives.
-    if config.schedule.min_gamma == 0 and not reads_features(config.drafter):
-        body = then_skipping(body, target, config)
-    return body
+        body = functools.partial(autoregressive_step, target, config=config)
+    else:
+        body = functools.partial(speculative_round, target, draft, config=config)
+        # Rounds may skip drafting: plain steps then, unless the drafter reads the
+        # features only the verify call gives, or slots wait for a finished row.
+        skips = config.schedule.min_gamma == 0 and not reads_features(config.drafter)
+        if skips and config.num_slots is None:
+            body = then_skipping(body, target, config)
+    if config.num_slots is None:
+        return body
+    return lambda state: refill(target, draft, body(state), config)
 
 
 @functools.partial(jax.jit, static_argnames="config")
 def generate(
-    target_state, draft_state, prompts, prompt_lengths, keys, *, config: LoopConfig
+    target_state, draft_state, prompts, prompt_lengths, keys, budgets, *, config: LoopConfig
 ) -> GenerationOutput:
     """The whole generation as one XLA program.
 
@@ -82,12 +91,18 @@ def generate(
       prompts: [B, P] int32, right-padded.
       prompt_lengths: [B] int32.
       keys: [B] jax keys, or their [B, 2] uint32 key data (as placed on a mesh).
+      budgets: [B] int32, max_new_tokens per row (<= config.max_new_tokens); with
+        slots, 0 marks padding rows after the real prompts.
       config: the static `LoopConfig`.
     """
     if keys.dtype == jnp.uint32:
         keys = jax.random.wrap_key_data(keys)
     target = nnx.merge(config.target_def, target_state)
     draft = None if config.draft_def is None else nnx.merge(config.draft_def, draft_state)
-    state = init_state(target, draft, prompts, prompt_lengths, keys, config)
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), _loop_body(target, draft, config), state)
+    body = _loop_body(target, draft, config)
+    if config.num_slots is not None:
+        state = init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config)
+        return finish_slots(jax.lax.while_loop(running, body, state), config)
+    state = init_state(target, draft, prompts, prompt_lengths, keys, budgets, config)
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return finish(state, config)

@@ -24,13 +24,18 @@ class Request:
       prompts: [B, P] int32, right-padded with zeros.
       prompt_lengths: [B] int32, each >= 1.
       keys: [B] jax key array, one key per row.
-      max_new_tokens: tokens to generate per row (fewer if the row emits EOS).
+      budgets: [B] int32, tokens to generate per row (fewer if the row emits EOS).
     """
 
     prompts: np.ndarray
     prompt_lengths: np.ndarray
     keys: jax.Array
-    max_new_tokens: int
+    budgets: np.ndarray
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The largest budget: the width of the output."""
+        return int(self.budgets.max())
 
     @property
     def batch(self) -> int:
@@ -49,9 +54,10 @@ def check_int(name: str, value, low: int) -> int:
 
 
 def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: int) -> Request:
-    """Validates the inputs of a generation call (token ids must lie in [0, vocab_size))."""
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    """Validates the inputs of a generation call (token ids must lie in [0, vocab_size));
+    `max_new_tokens` is one int or one per prompt."""
     rows = _rows(prompts, prompt_lengths)
+    budgets = _budgets(max_new_tokens, len(rows))
     for b, row in enumerate(rows):
         if row.size == 0:
             raise ValueError(f"prompts[{b}] is empty: every prompt needs at least one token")
@@ -64,7 +70,31 @@ def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: in
     padded = np.zeros((len(rows), int(lengths.max())), np.int32)
     for b, row in enumerate(rows):
         padded[b, : row.size] = row
-    return Request(padded, lengths, _row_keys(key, len(rows)), max_new_tokens)
+    return Request(padded, lengths, _row_keys(key, len(rows)), budgets)
+
+
+def _budgets(max_new_tokens, batch: int) -> np.ndarray:
+    """[B] int32 budgets from one int or a sequence of B ints, each >= 1."""
+    if isinstance(max_new_tokens, (int, np.integer)) and not isinstance(max_new_tokens, bool):
+        return np.full(batch, check_int("max_new_tokens", max_new_tokens, 1), np.int32)
+    if isinstance(max_new_tokens, (str, bytes)) or not isinstance(
+        max_new_tokens, (Sequence, np.ndarray, jax.Array)
+    ):
+        raise ValueError(
+            f"max_new_tokens must be an integer >= 1 or one per prompt, got {max_new_tokens!r}"
+        )
+    values = np.asarray(max_new_tokens)
+    if values.shape != (batch,) or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(
+            f"max_new_tokens must be one integer or [B] = [{batch}] integers, got "
+            f"{values.dtype} {values.shape}"
+        )
+    if values.min() < 1:
+        raise ValueError(
+            f"max_new_tokens must be >= 1 for every prompt, got {int(values.min())} at "
+            f"prompt {int(np.argmin(values))}"
+        )
+    return values.astype(np.int32)
 
 
 def _rows(prompts, prompt_lengths) -> list[np.ndarray]:

@@ -5,9 +5,10 @@ Conventions (see docs/design.md, "The compiled loop"):
   [B] counts them. The last one (the *pending* token) has been run through neither
   model yet, so the target's cache holds `lengths - 1` positions.
 - Rejected drafts are rolled back by lengths alone, never by copying a cache.
-- Row b's randomness comes from `keys[b]` only: round r uses fold_in(keys[b], r)
-  (r = 0 is the prefill's first token), so a row's tokens depend on its key and
-  prompt, never on its batch neighbours.
+- Row b's randomness comes from `keys[b]` only: the row's round r uses
+  fold_in(keys[b], r) (r = 0 is the prefill's first token, r counts from the row's
+  start), so a row's tokens depend on its key and prompt, never on its batch
+  neighbours or on the slot it runs in.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ __all__ = [
     "emit",
     "finish",
     "gather_last",
+    "load_row",
     "new_cache",
     "pad_entries",
+    "prefill_row",
     "record_round",
     "schedule_stats",
     "written_after",
@@ -46,19 +49,23 @@ class LoopState:
       tokens: [B, L] int32, prompt + generated tokens (L = P + max_new_tokens + γ_max + 1).
       lengths: [B] int32, valid tokens per row; the last one is pending.
       prompt_lengths: [B] int32.
+      budgets: [B] int32, tokens each row may generate (its max_new_tokens).
       keys: [B] jax keys, one per row.
       target_cache: the target's `KVCache`, valid below `lengths - 1`.
       draft_cache: whatever the drafter keeps (its own cache), or None.
       done: [B] bool, rows that hit EOS or their budget (their tokens are frozen).
-      round: [] int32, rounds run so far.
+      round: [B] int32, rounds run since the row started.
       last_gamma: [B] int32, tokens the row drafted in its previous round.
       last_accepted: [B] int32, how many of them were accepted.
       stats: `GenerationStats`, the per-row counters returned to the caller.
+      queue: with slots, the prompts waiting and the finished rows' outputs
+        (`slots.Queue`); None without.
     """
 
     tokens: jax.Array
     lengths: jax.Array
     prompt_lengths: jax.Array
+    budgets: jax.Array
     keys: jax.Array
     target_cache: KVCache
     draft_cache: Any
@@ -67,6 +74,7 @@ class LoopState:
     last_gamma: jax.Array
     last_accepted: jax.Array
     stats: GenerationStats
+    queue: Any = None
 
     @property
     def generated(self) -> jax.Array:
@@ -83,6 +91,26 @@ def new_cache(model_config: TransformerConfig, batch: int, config: LoopConfig) -
     spec = NamedSharding(config.mesh, cache_spec())
     place = lambda arrays: tuple(jax.lax.with_sharding_constraint(a, spec) for a in arrays)  # noqa: E731
     return cache.replace(keys=place(cache.keys), values=place(cache.values))
+
+
+def prefill_row(model, prompt: jax.Array, *, features: bool = False):
+    """One prompt [1, P] run through `model` into a fresh cache of P positions, for
+    `load_row`: (logits [1, P, V], that cache, and the features [1, P, D] if asked)."""
+    cache = init_cache(model.config, batch=1, max_len=prompt.shape[1])
+    return model.decode(prompt, cache, features=features)
+
+
+def load_row(cache: KVCache, row: KVCache, slot: jax.Array, length: jax.Array) -> KVCache:
+    """`cache` with row `slot` overwritten by the one-row cache `row` (its first
+    positions; the rest of the slot's old entries stay but lie beyond `length`)."""
+    put = lambda big, small: jax.lax.dynamic_update_slice(  # noqa: E731
+        big, small.astype(big.dtype), (slot, 0, 0, 0)
+    )
+    return cache.replace(
+        keys=tuple(map(put, cache.keys, row.keys)),
+        values=tuple(map(put, cache.values, row.values)),
+        lengths=cache.lengths.at[slot].set(length),
+    )
 
 
 def pad_entries(entries, size: int):
@@ -112,7 +140,7 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState
     at its first EOS (kept) or at its budget, and later tokens are dropped."""
     batch, width = new_tokens.shape
     idx = jnp.arange(width, dtype=jnp.int32)
-    count = jnp.minimum(num_new, config.max_new_tokens - state.generated)
+    count = jnp.minimum(num_new, state.budgets - state.generated)
     hit_eos = jnp.zeros((batch,), bool)
     if config.eos_token_id is not None:
         is_eos = (new_tokens == config.eos_token_id) & (idx[None] < count[:, None])
@@ -126,7 +154,7 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState
     positions = jnp.where(idx[None] < count[:, None], state.lengths[:, None] + idx, skip)
     tokens = state.tokens.at[rows, positions].set(new_tokens, mode="drop")
     lengths = state.lengths + count
-    done = state.done | hit_eos | (lengths - state.prompt_lengths >= config.max_new_tokens)
+    done = state.done | hit_eos | (lengths - state.prompt_lengths >= state.budgets)
     return state.replace(tokens=tokens, lengths=lengths, done=done)
 
 
@@ -147,6 +175,7 @@ def record_round(state: LoopState, *, active, width: int, counts, accepted, bad)
         accepted_at=s.accepted_at + (at < accepted[:, None]) * on[:, None],
         rejected_at=s.rejected_at + ((at == accepted[:, None]) & ended) * on[:, None],
         gamma_rounds=s.gamma_rounds.at[width].add(1),
+        slot_rounds=s.slot_rounds + active.shape[0],
         nonfinite=s.nonfinite | (active & bad),
     )
     return state.replace(
@@ -165,7 +194,7 @@ def schedule_stats(state: LoopState, config: LoopConfig) -> ScheduleStats:
         round=state.round,
         active=~state.done,
         generated=generated,
-        remaining=jnp.where(state.done, 0, config.max_new_tokens - generated),
+        remaining=jnp.where(state.done, 0, state.budgets - generated),
         rounds=s.rounds,
         drafted=s.drafted,
         accepted=s.accepted,

@@ -10,7 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-__all__ = ["GenerationOutput", "GenerationStats", "init_stats", "nonfinite"]
+__all__ = ["ROW_FIELDS", "GenerationOutput", "GenerationStats", "init_stats", "nonfinite"]
+
+# The per-row counters of `GenerationStats` (the others count the whole batch).
+ROW_FIELDS = (
+    "rounds",
+    "drafted",
+    "accepted",
+    "rejected",
+    "drafted_at",
+    "accepted_at",
+    "rejected_at",
+    "nonfinite",
+)
 
 
 @struct.dataclass
@@ -34,6 +46,8 @@ class GenerationStats:
         (0: a plain target step).
       nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
         to be trusted; a warning is raised too).
+      slot_rounds: [] rows of the batch times rounds run (the work the rows could have
+        done); `occupancy` is the fraction of it that generated.
     """
 
     rounds: jax.Array
@@ -46,6 +60,13 @@ class GenerationStats:
     rejected_at: jax.Array
     gamma_rounds: jax.Array
     nonfinite: jax.Array
+    slot_rounds: jax.Array
+
+    @property
+    def occupancy(self) -> float:
+        """Fraction of row-rounds in which the row was active: 1 when no row of the
+        batch (or no slot) ever waits for the others."""
+        return float(jnp.sum(self.rounds) / jnp.maximum(self.slot_rounds, 1))
 
     @property
     def acceptance_rate(self) -> float:
@@ -92,18 +113,9 @@ class GenerationStats:
         """The counters of several calls as one (rows concatenated, batch counts summed)."""
         if not stats:
             raise ValueError("merge needs at least one GenerationStats")
-        rows = (
-            "rounds",
-            "drafted",
-            "accepted",
-            "rejected",
-            "drafted_at",
-            "accepted_at",
-            "rejected_at",
-        )
-        fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in rows}
-        fields["nonfinite"] = jnp.concatenate([s.nonfinite for s in stats])
+        fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in ROW_FIELDS}
         fields["target_calls"] = sum(s.target_calls for s in stats)
+        fields["slot_rounds"] = sum(s.slot_rounds for s in stats)
         width = max(s.gamma_rounds.shape[0] for s in stats)
         fields["gamma_rounds"] = sum(
             jnp.pad(s.gamma_rounds, (0, width - s.gamma_rounds.shape[0])) for s in stats
@@ -142,6 +154,7 @@ def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> Generat
         rejected_at=per_position,
         gamma_rounds=jnp.zeros((gamma_max + 1,), jnp.int32),
         nonfinite=nonfinite_rows,
+        slot_rounds=jnp.zeros((), jnp.int32),
     )
 
 

@@ -1,0 +1,213 @@
+"""Slots: N prompts through S < N rows of the loop, each row refilled as it finishes.
+
+The loop's rows are *slots*. After every round, slots whose row is done hand their
+tokens and counters to the output (`retire`), and free slots take the next waiting
+prompts (`load`): the prompt is prefilled into a fresh one-row cache whose entries
+overwrite the slot's row of the big cache (nothing of the big cache is read or
+copied), the drafter resets its row, and the first token is drawn with
+fold_in(key, 0). A prompt keeps its own key and counts its rounds from its start, so
+its tokens are those it gets alone, in any slot, beside any neighbours.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafter import reads_features
+from jax_specdec.decode.noise import choose, round_keys
+from jax_specdec.decode.state import LoopState, emit, load_row, new_cache, prefill_row
+from jax_specdec.decode.stats import (
+    ROW_FIELDS,
+    GenerationOutput,
+    GenerationStats,
+    init_stats,
+    nonfinite,
+)
+from jax_specdec.sampling import probs_from_logits
+
+__all__ = ["Queue", "finish_slots", "init_slots", "refill", "running"]
+
+
+@struct.dataclass
+class Queue:
+    """The prompts of a slotted run and their outputs (N rows, padded to a bucket).
+
+    Attributes:
+      prompts: [N, P] int32, right-padded.
+      prompt_lengths: [N] int32.
+      keys: [N] jax keys, one per prompt.
+      budgets: [N] int32, max_new_tokens per prompt; 0 marks a padding row.
+      next: [] int32, the next prompt to load (prompts load in order).
+      row: [S] int32, the prompt each slot holds (-1: free).
+      tokens: [N, max_new_tokens] int32, finished prompts' tokens (pad after the end).
+      lengths: [N] int32, tokens generated per finished prompt.
+      stats: `GenerationStats` whose per-row counters are per prompt.
+    """
+
+    prompts: jax.Array
+    prompt_lengths: jax.Array
+    keys: jax.Array
+    budgets: jax.Array
+    next: jax.Array
+    row: jax.Array
+    tokens: jax.Array
+    lengths: jax.Array
+    stats: GenerationStats
+
+    @property
+    def count(self) -> jax.Array:
+        """[] the real prompts (padding rows have budget 0 and come last)."""
+        return jnp.sum(self.budgets > 0).astype(jnp.int32)
+
+
+def init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config) -> LoopState:
+    """S free slots and the queue of all prompts, then the first S loaded."""
+    slots, width = config.num_slots, prompts.shape[1]
+    n = prompts.shape[0]
+    ints = jnp.zeros((slots,), jnp.int32)
+    draft_cache = None
+    if config.drafter is not None:  # an empty cache of the drafter's shape
+        draft_cache = _empty_draft_cache(target, draft, slots, config)
+    queue = Queue(
+        prompts=prompts,
+        prompt_lengths=prompt_lengths,
+        keys=keys,
+        budgets=budgets,
+        next=jnp.zeros((), jnp.int32),
+        row=jnp.full((slots,), -1, jnp.int32),
+        tokens=jnp.full((n, config.max_new_tokens), config.pad_token_id, jnp.int32),
+        lengths=jnp.zeros((n,), jnp.int32),
+        stats=init_stats(n, config.gamma_max, jnp.zeros((n,), bool)),
+    )
+    state = LoopState(
+        tokens=jnp.zeros((slots, width + config.max_new_tokens + config.gamma_max + 1), jnp.int32),
+        lengths=ints + 1,
+        prompt_lengths=ints + 1,
+        budgets=ints,
+        keys=keys[:slots],
+        target_cache=new_cache(target.config, slots, config),
+        draft_cache=draft_cache,
+        done=jnp.ones((slots,), bool),
+        round=ints,
+        last_gamma=ints,
+        last_accepted=ints,
+        stats=init_stats(slots, config.gamma_max, jnp.zeros((slots,), bool)).replace(
+            target_calls=jnp.zeros((), jnp.int32)
+        ),
+        queue=queue,
+    )
+    return refill(target, draft, state, config)
+
+
+def _empty_draft_cache(target, draft, slots: int, config: LoopConfig):
+    """The drafter's cache for S rows of a one-token dummy prompt (each slot's row is
+    reset by `load` before use)."""
+    dummy = jnp.zeros((slots, 1), jnp.int32)
+    extra = {}
+    if reads_features(config.drafter):
+        extra["features"] = jnp.zeros((slots, 1, target.config.d_model), jnp.float32)
+    return config.drafter.init(draft, dummy, jnp.ones((slots,), jnp.int32), config, **extra)
+
+
+def running(state: LoopState) -> jax.Array:
+    """[] whether a slot still holds an unfinished prompt."""
+    return jnp.any(state.queue.row >= 0)
+
+
+def refill(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
+    """Retires the finished slots, then loads waiting prompts into free slots, one at a
+    time, while there are both."""
+
+    def more(state):
+        q = state.queue
+        return jnp.any(q.row < 0) & (q.next < q.count)
+
+    body = lambda state: _retire(_load(target, draft, state, config))  # noqa: E731
+    return jax.lax.while_loop(more, body, _retire(state))
+
+
+def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
+    """The next prompt into the first free slot: prefill, drafter reset, first token."""
+    q = state.queue
+    slot = jnp.argmax(q.row < 0).astype(jnp.int32)
+    n = q.next
+    prompt = jax.lax.dynamic_slice_in_dim(q.prompts, n, 1, axis=0)  # [1, P]
+    length = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, n, 1)  # [1]
+    logits, row, *features = prefill_row(target, prompt, features=reads_features(config.drafter))
+    last = jnp.take_along_axis(logits, (length - 1)[:, None, None], axis=1)[:, 0]
+    last = last[:, : config.vocab_size]  # [1, V]
+    key = q.keys[n][None]
+    first = choose(round_keys(key, 0), last, probs_from_logits(last, config.sampling), config.sampling)
+    draft_cache = state.draft_cache
+    if config.drafter is not None:
+        extra = {"features": features[0]} if features else {}
+        draft_cache = config.drafter.load(draft, draft_cache, slot, prompt, length, config, **extra)
+    state = state.replace(
+        tokens=jax.lax.dynamic_update_slice(
+            state.tokens, jnp.zeros((1, state.tokens.shape[1]), jnp.int32), (slot, 0)
+        ),
+        target_cache=load_row(state.target_cache, row, slot, length[0]),
+        draft_cache=draft_cache,
+        queue=q.replace(next=n + 1, row=q.row.at[slot].set(n)),
+    )
+    state = _reset_row(state, slot, prompt[0], length[0], q.budgets[n], q.keys[n], last)
+    here = jnp.arange(state.done.shape[0]) == slot
+    return emit(state, jnp.where(here, first[0], 0)[:, None], here.astype(jnp.int32), config)
+
+
+def _reset_row(state: LoopState, slot, prompt, length, budget, key, last) -> LoopState:
+    """Row `slot` of the state set to a new prompt, before its first token."""
+    s = state.stats
+    rows = {f: getattr(s, f).at[slot].set(0) for f in ROW_FIELDS if f != "nonfinite"}
+    rows["nonfinite"] = s.nonfinite.at[slot].set(nonfinite(last)[0])
+    return state.replace(
+        tokens=jax.lax.dynamic_update_slice(state.tokens, prompt[None], (slot, 0)),
+        lengths=state.lengths.at[slot].set(length),
+        prompt_lengths=state.prompt_lengths.at[slot].set(length),
+        budgets=state.budgets.at[slot].set(budget),
+        keys=state.keys.at[slot].set(key),
+        done=state.done.at[slot].set(False),
+        round=state.round.at[slot].set(0),
+        last_gamma=state.last_gamma.at[slot].set(0),
+        last_accepted=state.last_accepted.at[slot].set(0),
+        stats=s.replace(**rows, target_calls=s.target_calls + 1),
+    )
+
+
+def _retire(state: LoopState) -> LoopState:
+    """Finished slots hand their tokens and counters to their prompt's output row."""
+    q = state.queue
+    retiring = state.done & (q.row >= 0)
+    to = jnp.where(retiring, q.row, q.tokens.shape[0])  # out of range: dropped
+    width = q.tokens.shape[1]
+    idx = jnp.arange(width, dtype=jnp.int32)
+    generated = state.generated
+    tokens = jnp.take_along_axis(state.tokens, state.prompt_lengths[:, None] + idx[None], axis=1)
+    put = lambda out, new: out.at[to].set(new, mode="drop")  # noqa: E731
+    stats = q.stats.replace(
+        **{f: put(getattr(q.stats, f), getattr(state.stats, f)) for f in ROW_FIELDS}
+    )
+    return state.replace(
+        queue=q.replace(
+            row=jnp.where(retiring, -1, q.row),
+            tokens=put(q.tokens, tokens),
+            lengths=put(q.lengths, generated),
+            stats=stats,
+        )
+    )
+
+
+def finish_slots(state: LoopState, config: LoopConfig) -> GenerationOutput:
+    """The outputs of all N prompts; batch counters (target calls, widths, slot
+    rounds) from the loop."""
+    q, s = state.queue, state.stats
+    stats = q.stats.replace(
+        target_calls=s.target_calls, gamma_rounds=s.gamma_rounds, slot_rounds=s.slot_rounds
+    )
+    tokens = jnp.where(
+        jnp.arange(q.tokens.shape[1])[None] < q.lengths[:, None], q.tokens, config.pad_token_id
+    )
+    return GenerationOutput(tokens=tokens, lengths=q.lengths, stats=stats)

@@ -1,0 +1,172 @@
+"""Slots: N prompts through S rows refilled inside the program give each prompt the
+tokens it gets alone, follow the target's distribution, and never copy a cache."""
+
+import jax
+import numpy as np
+import pytest
+from helpers import (
+    PROMPTS,
+    VOCAB,
+    chi_square_pvalue,
+    copies_outside_entry,
+    exact_sequence_probs,
+    ragged_prompts,
+    wrong_accept,
+)
+
+import jax_specdec.decode.verify as verify_module
+from jax_specdec import Generator, NGram
+from jax_specdec.decode import program
+from jax_specdec.sampling import SamplingConfig
+from jax_specdec.schedules import Confidence, Custom, Heuristic
+
+T1 = SamplingConfig(1.0)
+TOPP = SamplingConfig(0.8, top_p=0.9)
+
+# name: (draft kind, Generator settings); EOS 5 on, so rows end at different rounds.
+SETUPS = {
+    "autoregressive_t1": (None, dict(sampling=T1)),
+    "autoregressive_greedy": (None, {}),
+    "draft_g3_t1": ("draft", dict(schedule=3, sampling=T1)),
+    "draft_g2_greedy": ("draft", dict(schedule=2)),
+    "draft_heuristic_topp": ("draft", dict(schedule=Heuristic(max_gamma=4), sampling=TOPP)),
+    "draft_confidence_t1": ("draft", dict(schedule=Confidence(0.3, max_gamma=3), sampling=T1)),
+    "draft_skips_t1": ("draft", dict(schedule=Custom(lambda s: s.round % 2 * 2, 2), sampling=T1)),
+    "ngram_g3_greedy": ("ngram", dict(schedule=3)),
+    "ngram_g2_t1": ("ngram", dict(schedule=2, sampling=T1)),
+}
+BUDGETS = [7, 3, 12, 1, 9, 5, 10]
+
+
+def generator(name, target, draft):
+    kind, settings = SETUPS[name]
+    proposer = {None: None, "draft": draft, "ngram": NGram()}[kind]
+    return Generator(target, proposer, eos_token_id=5, **settings)
+
+
+def outputs(out):
+    s = out.stats
+    per_row = (s.rounds, s.drafted, s.accepted, s.rejected, s.accepted_at, s.nonfinite)
+    return [np.asarray(a) for a in (out.tokens, out.lengths, *per_row)]
+
+
+@pytest.mark.parametrize("name", sorted(SETUPS))
+def test_any_slot_count_gives_the_tokens_a_prompt_gets_alone(target, draft, name):
+    g = generator(name, target, draft)
+    prompts = ragged_prompts(len(BUDGETS), VOCAB, seed=3)
+    call = dict(key=jax.random.key(4), max_new_tokens=BUDGETS)
+    alone = outputs(g(prompts, **call))
+    for slots in (1, 2, 3, len(prompts)):
+        got = outputs(g(prompts, num_slots=slots, **call))
+        for a, b in zip(alone, got, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"num_slots={slots}")
+
+
+def test_slots_greedy_speculative_equals_autoregressive(target, draft):
+    prompts = ragged_prompts(6, VOCAB, seed=9)
+    call = dict(key=jax.random.key(0), max_new_tokens=[9, 2, 14, 6, 11, 4], num_slots=2)
+    ar = Generator(target, eos_token_id=2)(prompts, **call)
+    for proposer in (draft, NGram()):
+        spec = Generator(target, proposer, schedule=3, eos_token_id=2)(prompts, **call)
+        np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+        np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
+
+
+def test_occupancy_and_rounds(target):
+    prompts = ragged_prompts(5, VOCAB, seed=1)
+    g = Generator(target)
+    one = g(prompts, key=jax.random.key(0), max_new_tokens=[4, 9, 2, 7, 5], num_slots=1)
+    # One slot is never idle: rounds = tokens - 1 per prompt, all of them useful.
+    np.testing.assert_array_equal(np.asarray(one.stats.rounds), [3, 8, 1, 6, 4])
+    assert int(one.stats.slot_rounds) == 22 and one.stats.occupancy == 1.0
+    assert int(one.stats.target_calls) == 5 + 22  # five prefills, 22 steps
+    fixed = g(prompts, key=jax.random.key(0), max_new_tokens=[4, 9, 2, 7, 5])
+    # Five rows wait for the longest: 8 rounds x 5 rows, 22 of them useful.
+    assert int(fixed.stats.slot_rounds) == 40 and fixed.stats.occupancy == pytest.approx(22 / 40)
+    two = g(prompts, key=jax.random.key(0), max_new_tokens=[4, 9, 2, 7, 5], num_slots=2)
+    assert 22 / 40 < two.stats.occupancy <= 1.0
+    assert int(two.stats.slot_rounds) == 2 * (int(two.stats.target_calls) - 5)
+
+
+SAMPLES = 40_000
+SAMPLING = {"t1": SamplingConfig(1.0), "topp": SamplingConfig(1.0, top_p=0.8)}
+
+
+def slot_samples(target, draft, sampling, seed):
+    """SAMPLES rows alternating between the two PROMPTS, run through SAMPLES * 2 / 5
+    slots (each slot takes two or three prompts), EOS 2, γ 2, three tokens."""
+    prompts = [PROMPTS[b % 2] for b in range(SAMPLES)]
+    out = Generator(target, draft, schedule=2, sampling=sampling, eos_token_id=2)(
+        prompts, key=jax.random.key(seed), max_new_tokens=3, num_slots=SAMPLES * 2 // 5
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    return [tuple(tokens[b, : lengths[b]].tolist()) for b in range(SAMPLES)], out.stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SAMPLING))
+def test_slot_samples_follow_the_target(target, draft, name):
+    seqs, stats = slot_samples(target, draft, SAMPLING[name], seed=11)
+    assert stats.occupancy < 1.0 and int(stats.target_calls) > SAMPLES  # slots were refilled
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), SAMPLING[name], 2)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(f"\nSLOTS-EXACTNESS {name} prompt{which}: chi2_pvalue={pvalue:.3g}")
+        assert pvalue > 1e-3
+
+
+@pytest.mark.slow
+def test_wrong_acceptance_rule_fails_the_slot_test(target, draft, monkeypatch):
+    jax.clear_caches()
+    monkeypatch.setattr(verify_module, "accept_with_noise", wrong_accept)
+    seqs, _ = slot_samples(target, draft, SAMPLING["t1"], seed=0)
+    jax.clear_caches()
+    exact = exact_sequence_probs(target, np.array(PROMPTS[0]), SAMPLING["t1"], 2)
+    assert chi_square_pvalue(seqs[0::2], exact) < 1e-6
+
+
+def test_no_recompilation_within_a_bucket(target, draft):
+    """5, 7 and 6 prompts through 2 slots are all padded to 8 rows: one program."""
+    g = Generator(target, draft, schedule=2)
+    call = dict(key=jax.random.key(0), max_new_tokens=6, num_slots=2)
+    prompts = lambda n, seed: [[1, 2, 3, 4, 5]] + ragged_prompts(n - 1, VOCAB, seed, 5)  # noqa: E731
+    g(prompts(5, 0), **call)
+    compiled = program.generate._cache_size()
+    out = g(prompts(7, 1), **call)
+    g(prompts(6, 2), **call)
+    assert program.generate._cache_size() == compiled
+    assert out.tokens.shape == (7, 6) and out.stats.rounds.shape == (7,)
+    g(prompts(9, 3), **call)  # 16 rows: the next bucket
+    assert program.generate._cache_size() == compiled + 1
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram", None])
+def test_slot_loop_does_not_copy_caches(target, draft, kind):
+    proposer = {"draft": draft, "ngram": NGram(), None: None}[kind]
+    g = Generator(target, proposer, schedule=3) if proposer else Generator(target)
+    run = g.bind(ragged_prompts(5, VOCAB), key=jax.random.key(0), max_new_tokens=8, num_slots=2)
+    hlo = run.lower().compile().as_text()
+    for model in [target, draft] if kind == "draft" else [target]:
+        c = model.config
+        shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
+        assert shape in hlo
+        assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_slots=0), "num_slots must be an integer >= 1"),
+        (dict(num_slots=2.0), "num_slots must be an integer"),
+        (dict(num_slots=4), r"num_slots \(4\) exceeds the number of prompts \(3\)"),
+        (dict(max_new_tokens=[4, 5]), r"max_new_tokens must be one integer or \[B\] = \[3\]"),
+        (dict(max_new_tokens=[4, 0, 5]), "max_new_tokens must be >= 1 for every prompt"),
+        (dict(max_new_tokens=[4, -1, 5]), "got -1 at prompt 1"),
+        (dict(max_new_tokens=[4.0, 1.0, 5.0]), r"max_new_tokens must be one integer or"),
+        (dict(max_new_tokens="8"), "max_new_tokens must be an integer >= 1 or one per prompt"),
+    ],
+)
+def test_bad_input(target, kwargs, match):
+    call = dict(key=jax.random.key(0), max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        Generator(target).bind([[1], [2, 3], [4]], **call)
