@@ -28,9 +28,9 @@ from flax import nnx, struct
 
 from jax_specdec.decode.drafter import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
-from jax_specdec.decode.state import new_cache, written_after
+from jax_specdec.decode.state import load_row, new_cache, written_after
 from jax_specdec.decode.stats import nonfinite
-from jax_specdec.nn import KVCache, Transformer, write_entries
+from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import probs_from_logits
 
@@ -102,16 +102,25 @@ class FeatureDrafter:
     reads_features: ClassVar[bool] = True
 
     def init(self, model: FeatureDraft, prompts, prompt_lengths, config, *, features):
-        batch, width = prompts.shape
-        kv = new_cache(model.config, batch, config)
-        prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))  # f_{i-1}, zeros at 0
-        start = jnp.zeros((batch,), jnp.int32)
-        _, _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
-        kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)
-        last = jnp.take_along_axis(features, (prompt_lengths - 1)[:, None, None], axis=1)
-        pending = jnp.zeros((batch, config.gamma_max + 1, features.shape[-1]), features.dtype)
-        pending = pending.at[:, :1].set(last)
-        return FeatureCache(kv, pending, jnp.ones((batch,), jnp.int32))
+        kv, pending = _prefill(
+            model,
+            new_cache(model.config, prompts.shape[0], config),
+            prompts,
+            prompt_lengths,
+            config,
+            features,
+        )
+        return FeatureCache(kv, pending, jnp.ones_like(prompt_lengths))
+
+    def load(self, model: FeatureDraft, cache, slot, prompt, prompt_length, config, *, features):
+        """Row `slot` holding only `prompt` [1, P] (length [1]), as `init` makes it."""
+        row = init_cache(model.config, batch=1, max_len=prompt.shape[1])
+        row, pending = _prefill(model, row, prompt, prompt_length, config, features)
+        return FeatureCache(
+            load_row(cache.kv, row, slot, prompt_length[0]),
+            jax.lax.dynamic_update_slice_in_dim(cache.features, pending, slot, axis=0),
+            cache.count.at[slot].set(1),
+        )
 
     def prepare(self, model: FeatureDraft, cache: FeatureCache, inputs: DraftInputs, config):
         """The round's first head call: the chunk of verified entries and the first draft."""
@@ -154,6 +163,19 @@ class FeatureDrafter:
         start = written_after(cache.kv.lengths, after)
         kv = write_entries(cache.kv, prepared.keys, prepared.values, start)
         return FeatureCache(kv.replace(lengths=before), features, after - before)
+
+
+def _prefill(model: FeatureDraft, kv, prompts, prompt_lengths, config, features):
+    """The head's entries for the prompts [B, P] written into the empty cache `kv` (valid
+    below the prompt lengths), and the chunk of waiting features: the prompt's last."""
+    batch = prompts.shape[0]
+    prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))  # f_{i-1}, zeros at 0
+    start = jnp.zeros((batch,), jnp.int32)
+    _, _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
+    kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)
+    last = jnp.take_along_axis(features, (prompt_lengths - 1)[:, None, None], axis=1)
+    pending = jnp.zeros((batch, config.gamma_max + 1, features.shape[-1]), features.dtype)
+    return kv, pending.at[:, :1].set(last)
 
 
 class _Prepared(struct.PyTreeNode):
