@@ -11,6 +11,8 @@ from jax_specdec.decode import (
     speculative_generate,
 )
 from jax_specdec.exact import one_position, round_distribution
+from jax_specdec.feature_io import load_head, save_head
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
 from jax_specdec.schedules import Confidence, Constant, CostModel, Custom, Heuristic
 
@@ -20,6 +22,8 @@ __all__ = [
     "Constant",
     "CostModel",
     "Custom",
+    "FeatureHead",
+    "FeatureHeadConfig",
     "GenerationOutput",
     "GenerationStats",
     "Generator",
@@ -29,8 +33,10 @@ __all__ = [
     "SamplingConfig",
     "accept",
     "autoregressive_generate",
+    "load_head",
     "one_position",
     "probs_from_logits",
     "round_distribution",
+    "save_head",
     "speculative_generate",
 ]

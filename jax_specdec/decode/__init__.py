@@ -11,7 +11,8 @@ The modules, in the order a round runs through them:
 - `noise`: each round's randomness from the rows' own keys.
 - `round`: a speculative round (schedule → drafter → verify → cache writes) or a
   plain target step.
-- `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`) and
+- `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`),
+  `feature_drafter` (`FeatureDrafter`, a head reading the target's features) and
   `ngram` (`NGram`) implement it.
 - `verify`: the target scores the proposal; the acceptance step decides.
 - `stats`: `GenerationOutput` and `GenerationStats`.
