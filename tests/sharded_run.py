@@ -72,6 +72,19 @@ def equality():
         "autoregressive": lambda **kw: autoregressive_generate(
             target, prompts, key=keys, max_new_tokens=16, sampling=SamplingConfig(1.0), **kw
         ),
+        # 20 prompts with their own budgets through 8 slots (rows over the data axis).
+        "slots": lambda **kw: speculative_generate(
+            target,
+            draft,
+            ragged_prompts(20, 32, seed=2),
+            key=jax.random.key(6),
+            max_new_tokens=[3 + 5 * (b % 4) for b in range(20)],
+            num_draft_tokens=3,
+            sampling=SamplingConfig(1.0),
+            eos_token_id=3,
+            num_slots=8,
+            **kw,
+        ),
     }
     result = {"devices": len(jax.devices()), "meshes": {}}
     reference = {}
@@ -89,7 +102,8 @@ def equality():
             tokens = np.asarray(out.tokens)
             entry[name] = bool(np.array_equal(tokens, reference[name]))
             entry[f"{name}_seconds"] = time.perf_counter() - start
-        entry["output_sharding"] = str(out.tokens.sharding.spec)
+            if name == "greedy":  # rows stay over the data axis (slots' outputs need not)
+                entry["output_sharding"] = str(out.tokens.sharding.spec)
         run = Generator(target, draft, schedule=2, mesh=mesh).bind(
             prompts, key=keys, max_new_tokens=4
         )
@@ -123,6 +137,19 @@ def equality():
         "kv": (target, narrow, prompts, (2, 4)),
     }
     result["errors"] = {}
+    try:
+        speculative_generate(
+            target,
+            draft,
+            prompts,
+            key=jax.random.key(0),
+            max_new_tokens=2,
+            num_slots=6,
+            mesh=jax.make_mesh((4, 2), ("data", "model")),
+        )
+        result["errors"]["slots"] = None
+    except ValueError as e:
+        result["errors"]["slots"] = str(e)
     for name, (t, d, p, shape) in bad.items():
         try:
             speculative_generate(

@@ -40,7 +40,7 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights():
     assert result["devices"] == 8
     for shape, entry in result["meshes"].items():
         data, model = eval(shape)
-        for name in ("greedy", "sampled", "heuristic", "autoregressive"):
+        for name in ("greedy", "sampled", "heuristic", "autoregressive", "slots"):
             assert entry[name], f"{name} differs on mesh {shape}"
         (q_full, q_shard), (down_full, down_shard) = entry["q_kernel"], entry["down_kernel"]
         assert q_shard == [q_full[0], q_full[1] // model]  # heads split over model
@@ -52,6 +52,7 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights():
     assert restored["greedy"]
     errors = result["errors"]
     assert "data axis (8) does not divide the batch (6)" in errors["batch"]
+    assert "data axis (4) does not divide num_slots (6)" in errors["slots"]
     assert "model axis (8) does not divide the target model's num_heads" in errors["heads"]
     assert "model axis (4) does not divide the draft model's num_kv_heads (2)" in errors["kv"]
 

@@ -59,8 +59,10 @@ class Run:
       args: the program's array arguments, as placed.
     """
 
-    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs):
+    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs, order=None):
         self.config, self.request, self.args = config, request, args
+        # With slots: the prompts' queue order (row i of args holds prompt order[i]).
+        self._inverse = None if order is None else jnp.asarray(np.argsort(order), jnp.int32)
 
     @property
     def cache_len(self) -> int:
@@ -69,7 +71,9 @@ class Run:
 
     def __call__(self) -> GenerationOutput:
         out = program.generate(*self.args, config=self.config)
-        return _first_rows(out, self.request.batch)
+        if self._inverse is None:
+            return out
+        return _take_rows(out, self._inverse)
 
     def lower(self) -> jax.stages.Lowered:
         """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
@@ -203,10 +207,10 @@ class Generator:
             int, or one per prompt.
           prompt_lengths: [B] lengths when `prompts` is an array.
           num_slots: run the B prompts through this many rows (1 <= S <= B), a finished
-            row taking the next waiting prompt inside the program; every prompt gets
-            the tokens it gets alone. The prompts are padded to S·2^k rows, so a
-            different B in the same bucket reuses the compiled program. None: one row
-            per prompt.
+            row taking the next waiting prompt inside the program (largest budget
+            first); every prompt gets the tokens it gets alone. The prompts are padded
+            to S·2^k rows, so a different B in the same bucket reuses the compiled
+            program. None: one row per prompt.
         """
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
@@ -238,14 +242,20 @@ class Generator:
             mesh=self.mesh,
             num_slots=num_slots,
         )
-        return Run(config, request, ProgramArgs(*self._states, *self._place(request, num_slots)))
+        order = None if num_slots is None else _longest_first(request.budgets)
+        args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
+        return Run(config, request, args, order)
 
-    def _place(self, request: Request, num_slots: int | None):
+    def _place(self, request: Request, num_slots: int | None, order):
         rows = request.batch
         arrays = (request.prompts, request.prompt_lengths, request.keys, request.budgets)
         if num_slots is not None:
-            if self.mesh is not None:
-                check_mesh(self.mesh, [], batch=num_slots)
+            arrays = tuple(a[order] for a in arrays)
+            data = 1 if self.mesh is None else self.mesh.shape["data"]
+            if num_slots % data:
+                raise ValueError(
+                    f"the mesh's data axis ({data}) does not divide num_slots ({num_slots})"
+                )
             arrays = _pad_rows(arrays, num_slots * 2 ** math.ceil(math.log2(rows / num_slots)))
             rows = arrays[0].shape[0]
         if self.mesh is None:
@@ -283,12 +293,17 @@ def _pad_rows(arrays, rows: int):
     )
 
 
-def _first_rows(out: GenerationOutput, rows: int) -> GenerationOutput:
-    """The output of the first `rows` rows (the prompts given, without slot padding)."""
-    if out.tokens.shape[0] == rows:
-        return out
-    stats = out.stats.replace(**{f: getattr(out.stats, f)[:rows] for f in ROW_FIELDS})
-    return GenerationOutput(out.tokens[:rows], out.lengths[:rows], stats)
+def _longest_first(budgets: np.ndarray) -> np.ndarray:
+    """The queue order of slots: largest budget first (ties in the given order), so the
+    longest rows do not start last and run on alone at the end. Tokens do not depend on
+    it (a row's tokens depend only on its prompt and key)."""
+    return np.argsort(-budgets, kind="stable")
+
+
+def _take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
+    """The output's rows `rows` (the prompts in the order given, without padding)."""
+    stats = out.stats.replace(**{f: getattr(out.stats, f)[rows] for f in ROW_FIELDS})
+    return GenerationOutput(out.tokens[rows], out.lengths[rows], stats)
 
 
 def _schedule(num_draft_tokens, schedule):

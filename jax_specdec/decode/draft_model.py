@@ -110,7 +110,7 @@ class DraftModel:
     def load(self, model, cache, slot, prompt, prompt_length, config):
         if self.catch_up:  # filled by the catch-up before the row's first drafting round
             return cache.replace(lengths=cache.lengths.at[slot].set(0))
-        _, row = prefill_row(model, prompt)
+        _, row, _ = prefill_row(model, prompt, prompt_length[0])
         return load_row(cache, row, slot, prompt_length[0])
 
     def prepare(self, model, cache, inputs: DraftInputs, config):

@@ -2,7 +2,8 @@
 
 The loop's rows are *slots*. After every round, slots whose row is done hand their
 tokens and counters to the output (`retire`), and free slots take the next waiting
-prompts (`load`): the prompt is prefilled into a fresh one-row cache whose entries
+prompts (`load`): the prompt is prefilled, in chunks of `state.PREFILL_CHUNK` tokens,
+into a fresh one-row cache whose entries
 overwrite the slot's row of the big cache (nothing of the big cache is read or
 copied), the drafter resets its row, and the first token is drawn with
 fold_in(key, 0). A prompt keeps its own key and counts its rounds from its start, so
@@ -136,14 +137,14 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     n = q.next
     prompt = jax.lax.dynamic_slice_in_dim(q.prompts, n, 1, axis=0)  # [1, P]
     length = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, n, 1)  # [1]
-    logits, row, *features = prefill_row(target, prompt, features=reads_features(config.drafter))
-    last = jnp.take_along_axis(logits, (length - 1)[:, None, None], axis=1)[:, 0]
+    reads = reads_features(config.drafter)
+    last, row, features = prefill_row(target, prompt, length[0], features=reads)
     last = last[:, : config.vocab_size]  # [1, V]
     key = q.keys[n][None]
     first = choose(round_keys(key, 0), last, probs_from_logits(last, config.sampling), config.sampling)
     draft_cache = state.draft_cache
     if config.drafter is not None:
-        extra = {"features": features[0]} if features else {}
+        extra = {"features": features[:, : prompt.shape[1]]} if reads else {}
         draft_cache = config.drafter.load(draft, draft_cache, slot, prompt, length, config, **extra)
     state = state.replace(
         tokens=jax.lax.dynamic_update_slice(

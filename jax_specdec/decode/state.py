@@ -26,6 +26,9 @@ from jax_specdec.nn import KVCache, TransformerConfig, init_cache
 from jax_specdec.schedules import ScheduleStats
 from jax_specdec.sharding import cache_spec
 
+# Tokens per call of a slot's prefill (`prefill_row`).
+PREFILL_CHUNK = 32
+
 __all__ = [
     "LoopState",
     "emit",
@@ -93,18 +96,45 @@ def new_cache(model_config: TransformerConfig, batch: int, config: LoopConfig) -
     return cache.replace(keys=place(cache.keys), values=place(cache.values))
 
 
-def prefill_row(model, prompt: jax.Array, *, features: bool = False):
-    """One prompt [1, P] run through `model` into a fresh cache of P positions, for
-    `load_row`: (logits [1, P, V], that cache, and the features [1, P, D] if asked)."""
-    cache = init_cache(model.config, batch=1, max_len=prompt.shape[1])
-    return model.decode(prompt, cache, features=features)
+def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features: bool = False):
+    """The first `length` ([] int32) tokens of one prompt [1, P] run through `model` in
+    chunks of `PREFILL_CHUNK` into a fresh cache (for `load_row`): a short prompt costs
+    its own chunks, not the width of the longest prompt of the call.
+
+    Returns the logits [1, V] at position length - 1, the cache (P rounded up to the
+    chunk), and with `features` the features [1, P', D] of the positions run.
+    """
+    c, width = model.config, prompt.shape[1]
+    chunk = min(PREFILL_CHUNK, width)
+    padded = -(-width // chunk) * chunk
+    if padded > c.max_len:  # no room to round up: one chunk
+        chunk = padded = width
+    tokens = jnp.pad(prompt, ((0, 0), (0, padded - width)))
+    feats = jnp.zeros((1, padded, c.d_model), c.jnp_dtype) if features else None
+    carry = (init_cache(c, batch=1, max_len=padded), jnp.zeros((1, c.vocab_size)), feats)
+
+    def body(carry):
+        cache, last, feats = carry
+        start = cache.lengths[0]
+        piece = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        logits, cache, *hidden = model.decode(piece, cache, features=features)
+        at = length - 1 - start  # where the prompt's last position falls in this chunk
+        here = logits[:, jnp.clip(at, 0, chunk - 1)]
+        last = jnp.where((at >= 0) & (at < chunk), here, last)
+        if features:
+            feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden[0], start, axis=1)
+        return cache, last, feats
+
+    cache, last, feats = jax.lax.while_loop(lambda c: c[0].lengths[0] < length, body, carry)
+    return last, cache, feats
 
 
 def load_row(cache: KVCache, row: KVCache, slot: jax.Array, length: jax.Array) -> KVCache:
     """`cache` with row `slot` overwritten by the one-row cache `row` (its first
     positions; the rest of the slot's old entries stay but lie beyond `length`)."""
+    # Positions past the big cache's size (chunk padding) are beyond `length`: cut.
     put = lambda big, small: jax.lax.dynamic_update_slice(  # noqa: E731
-        big, small.astype(big.dtype), (slot, 0, 0, 0)
+        big, small[:, :, : big.shape[2]].astype(big.dtype), (slot, 0, 0, 0)
     )
     return cache.replace(
         keys=tuple(map(put, cache.keys, row.keys)),
