@@ -4,8 +4,10 @@ lookup, all timed interleaved in one process, compilation apart.
 
     python scripts/smollm2_bench.py --prompts 2        # the batch-1 table of docs/models.md
     python scripts/smollm2_bench.py --batch 8          # one batch of 8 rows (4 prompts x 2)
-    python scripts/smollm2_bench.py --compile-only     # compile times (run it twice: the
-                                                       # second run reads the persistent cache)
+    python scripts/smollm2_bench.py --temperature 1    # sampling at T = 1 (no top-k/top-p)
+    python scripts/smollm2_bench.py --compile-only     # compile times of the main command's
+                                                       # programs (run it twice: the second
+                                                       # run reads the persistent cache)
 
 Tokens/s counts generated tokens (`--max-new-tokens`, no EOS stop, so every method
 emits the same number). `weight pass` is the float32 weights' bytes over the
@@ -41,21 +43,27 @@ def read_bandwidth() -> float:
     return a.nbytes / statistics.median(times)
 
 
-def ours(target, rows, new_tokens, draft):
+def ours(target, rows, new_tokens, draft, temperature=0.0):
     import jax
 
+    from jax_specdec import SamplingConfig
     from jax_specdec.decode import Generator
 
-    run = Generator(target, draft).bind(rows, key=jax.random.key(0), max_new_tokens=new_tokens)
+    generator = Generator(target, draft, sampling=SamplingConfig(temperature=temperature))
+    run = generator.bind(rows, key=jax.random.key(0), max_new_tokens=new_tokens)
     return lambda: jax.block_until_ready(run())
 
 
-def theirs(model, rows, new_tokens, **kw):
+def theirs(model, rows, new_tokens, temperature=0.0, **kw):
     import torch
 
     width = max(len(r) for r in rows)  # left-padded, as transformers generates
     x = torch.tensor([[2] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    if temperature > 0:  # plain sampling: no top-k / top-p from the generation config
+        kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kw.update(do_sample=False)
 
     def call():
         with torch.no_grad():
@@ -64,7 +72,6 @@ def theirs(model, rows, new_tokens, **kw):
                 attention_mask=mask,
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
-                do_sample=False,
                 pad_token_id=2,
                 **kw,
             )
@@ -79,85 +86,88 @@ def timed(fn) -> float:
 
 
 def compile_times(target, tok, new_tokens: int) -> None:
-    from jax_specdec.decode import NGram
+    """Tracing + lowering and XLA compilation (or a persistent-cache load) of the main
+    command's programs, wall and CPU seconds (CPU time is steadier on a shared machine),
+    and the size of the lowered program."""
+    import jax
+
+    from jax_specdec.decode import Generator, NGram
 
     ids = [tok.encode(PROMPTS[0]).ids]
-    for name, draft in (("n-gram speculative", NGram()), ("autoregressive", None)):
-        fn = ours(target, ids, new_tokens, draft)
-        first = timed(fn)
-        steady = statistics.median(timed(fn) for _ in range(3))
+    for name, draft, kw in (
+        ("n-gram speculative, γ = 4", NGram(), {"num_draft_tokens": 4}),
+        ("autoregressive", None, {}),
+    ):
+        run = Generator(target, draft, eos_token_id=2, **kw).bind(
+            ids, key=jax.random.key(0), max_new_tokens=new_tokens
+        )
+        wall, cpu = time.perf_counter(), time.process_time()
+        lowered = run.lower()
+        lower_s = (time.perf_counter() - wall, time.process_time() - cpu)
+        wall, cpu = time.perf_counter(), time.process_time()
+        lowered.compile()
+        compile_s = (time.perf_counter() - wall, time.process_time() - cpu)
         print(
-            f"{name}: first call {first:.1f} s, then {steady:.2f} s: compile {first - steady:.1f} s"
+            f"{name}: trace + lower {lower_s[0]:.1f} s (CPU {lower_s[1]:.1f} s), "
+            f"compile or cache load {compile_s[0]:.1f} s (CPU {compile_s[1]:.1f} s), "
+            f"StableHLO {len(lowered.as_text()) / 1e6:.2f} MB",
+            flush=True,
         )
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N")
-    parser.add_argument(
-        "--batch", type=int, default=1, help="B > 1: one batch of the prompts, cycled to B rows"
-    )
-    parser.add_argument("--compile-only", action="store_true")
-    args = parser.parse_args(argv)
-
-    from jax_specdec import zoo
-
-    zoo.enable_compilation_cache()
-    import torch
-    import transformers
-
+def methods(target, hf, n: int, temperature: float, batch: int) -> dict:
+    """Method name -> make(ids) -> a call that generates n tokens for the rows `ids`."""
     from jax_specdec.decode import NGram
-    from jax_specdec.hf import load_model, load_tokenizer
 
-    path = zoo.model_path("smollm2-135m")
-    target, tok = load_model(path), load_tokenizer(path)
-    if args.compile_only:
-        compile_times(target, tok, args.max_new_tokens)
-        return 0
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    n = args.max_new_tokens
-    methods = {
-        "ours, autoregressive": lambda ids: ours(target, ids, n, None),
-        "ours, n-gram speculative (γ=4)": lambda ids: ours(target, ids, n, NGram()),
-        "transformers generate (greedy)": lambda ids: theirs(hf, ids, n),
+    t = temperature
+    made = {
+        "ours, autoregressive": lambda ids: ours(target, ids, n, None, t),
+        "ours, n-gram speculative (γ=4)": lambda ids: ours(target, ids, n, NGram(), t),
+        "transformers generate": lambda ids: theirs(hf, ids, n, t),
         "transformers prompt lookup (10)": lambda ids: theirs(
-            hf, ids, n, prompt_lookup_num_tokens=10
+            hf, ids, n, t, prompt_lookup_num_tokens=10
         ),
     }
-    seconds = {m: [] for m in methods}
-    compiles = {m: [] for m in methods}
-    if args.batch > 1:  # transformers' prompt lookup runs at batch 1 only
-        methods.pop("transformers prompt lookup (10)")
-        groups = [[PROMPTS[i % args.prompts] for i in range(args.batch)]]
-    else:
-        groups = [[p] for p in PROMPTS[: args.prompts]]
+    if batch > 1:  # transformers' prompt lookup runs at batch 1 only
+        made.pop("transformers prompt lookup (10)")
+    if hf is None:
+        made = {m: make for m, make in made.items() if m.startswith("ours")}
+    return made
+
+
+def time_groups(made: dict, groups, tok, repeats: int, new_tokens: int):
+    """Per method, the median seconds of each group of prompts and its first-call overhead;
+    the methods run interleaved, each once per repeat."""
+    seconds = {m: [] for m in made}
+    compiles = {m: [] for m in made}
     for group in groups:
         ids = [tok.encode(p).ids for p in group]
-        fns = {m: make(ids) for m, make in methods.items()}
+        fns = {m: make(ids) for m, make in made.items()}
         firsts = {m: timed(fn) for m, fn in fns.items()}
-        runs = {m: [] for m in methods}
-        for _ in range(args.repeats):  # interleaved: each method once per repeat
+        runs = {m: [] for m in made}
+        for _ in range(repeats):
             for m, fn in fns.items():
                 runs[m].append(timed(fn))
-        for m in methods:
+        for m in made:
             seconds[m].append(statistics.median(runs[m]))
-            compiles[m].append(firsts[m] - statistics.median(runs[m]))
-        row = ", ".join(f"{m}: {n * len(ids) / seconds[m][-1]:.1f} tok/s" for m in methods)
+            compiles[m].append(firsts[m] - seconds[m][-1])
+        row = ", ".join(f"{m}: {new_tokens * len(ids) / seconds[m][-1]:.1f} tok/s" for m in made)
         print(f"group {len(seconds[m])}: {row}", flush=True)
+    return seconds, compiles
+
+
+def report(args, target, seconds, compiles, groups) -> None:
+    n = args.max_new_tokens
     bandwidth = read_bandwidth()
     weight_bytes = sum(x.nbytes for x in __import__("jax").tree.leaves(_state(target)))
     base = sum(seconds["ours, autoregressive"])
+    mode = "greedy" if args.temperature == 0 else f"T = {args.temperature:g}"
     print(
-        f"| method (batch {args.batch}, greedy, {n} new tokens, {args.prompts} prompts) "
-        "| tokens/s "
-        "| vs ours autoregressive | first-call overhead |"
+        f"| method (batch {args.batch}, {mode}, {n} new tokens, {args.prompts} prompts) "
+        "| tokens/s | vs ours autoregressive | first-call overhead |"
     )
     print("|---|---|---|---|")
-    for m in methods:
+    for m in seconds:
         total = sum(seconds[m])
         print(
             f"| {m} | {n * args.batch * len(groups) / total:.1f} | {base / total:.2f}x "
@@ -168,6 +178,46 @@ def main(argv=None) -> int:
         f"| one weight pass ({weight_bytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s) "
         f"| {args.batch / step:.1f} (bound) | | |"
     )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="B > 1: one batch of the prompts, cycled to B rows"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--ours-only", action="store_true", help="skip transformers")
+    args = parser.parse_args(argv)
+
+    from jax_specdec import zoo
+
+    zoo.enable_compilation_cache()
+    import torch
+    import transformers
+
+    from jax_specdec.hf import load_model, load_tokenizer
+
+    path = zoo.model_path("smollm2-135m")
+    target, tok = load_model(path), load_tokenizer(path)
+    if args.compile_only:
+        compile_times(target, tok, args.max_new_tokens)
+        return 0
+    hf = None
+    if not args.ours_only:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
+    made = methods(target, hf, args.max_new_tokens, args.temperature, args.batch)
+    if args.batch > 1:
+        groups = [[PROMPTS[i % args.prompts] for i in range(args.batch)]]
+    else:
+        groups = [[p] for p in PROMPTS[: args.prompts]]
+    seconds, compiles = time_groups(made, groups, tok, args.repeats, args.max_new_tokens)
+    report(args, target, seconds, compiles, groups)
     return 0
 
 
