@@ -4,9 +4,10 @@ and attention over a cache's live prefix only.
 A decode or verify call attends over the cache only up to its longest live row,
 rounded up to one of a few static sizes (`live_sizes`: a block, then doubling, then
 the cache's size; at most five, and none smaller than a size worth its conditional):
-`lax.switch` picks the branch whose static slice of the cache covers every row. The maths in each branch is the plain masked softmax of
-`attention`, so the logits equal full-cache attention's within float32 rounding (the
-masked positions added exactly zero there). A loop over key/value blocks with an
+`lax.switch` picks the branch whose static slice of the cache covers every row. The
+maths in each branch is the plain masked softmax of `attention`, so the logits equal
+full-cache attention's within float32 rounding (the masked positions added exactly
+zero there). A loop over key/value blocks with an
 online softmax, measured against it on this project's CPU, was no faster
 (docs/step_cost.md).
 
