@@ -256,20 +256,23 @@ def make_generate(
     """The `generate` of `run_job`: speculative decoding with `draft`, or autoregressive
     decoding of `target` when draft is None; through `num_slots` slots if given (at most
     one per row); on `mesh` if given (a fixed batch is padded to a multiple of its data
-    axis with copies of its last row, whose outputs are dropped)."""
+    axis, a call on slots to at least one row per data shard, with copies of its last
+    row whose outputs are dropped; slots are then a multiple of the data axis)."""
     import jax
 
     from jax_specdec.decode import autoregressive_generate, speculative_generate
 
+    data = 1 if mesh is None else mesh.shape["data"]
+
     def generate(prompts, keys, sampling, max_new_tokens):
         rows = len(prompts)
-        slots = None if num_slots is None else min(num_slots, rows)
-        if mesh is not None and slots is None:
-            extra = -rows % mesh.shape["data"]
-            prompts = prompts + [prompts[-1]] * extra
-            keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
-            if not isinstance(max_new_tokens, int):
-                max_new_tokens = list(max_new_tokens) + [max_new_tokens[-1]] * extra
+        extra = -rows % data if num_slots is None else max(data - rows, 0)
+        prompts = prompts + [prompts[-1]] * extra
+        keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
+        max_new_tokens = list(max_new_tokens) + [max_new_tokens[-1]] * extra
+        slots = None
+        if num_slots is not None:
+            slots = max(min(num_slots, len(prompts)) // data * data, data)
         common = dict(
             key=keys,
             max_new_tokens=max_new_tokens,

@@ -188,7 +188,8 @@ def exactness():
 
 
 def batch_job():
-    """`jax-specdec batch` on one device and on meshes (4,2) and (8,1): the same rows."""
+    """`jax-specdec batch` on one device and on meshes (4,2) and (8,1), with fixed
+    batches and with slots: the same rows."""
     import tempfile
 
     from flax import nnx
@@ -211,17 +212,21 @@ def batch_job():
         for i in range(11):  # 11 rows: batches of 3 are padded to the data axis
             f.write(json.dumps({"id": i, "prompt": prompts[i % len(prompts)]}) + "\n")
     outputs = {}
+    ways = {"fixed": ["--fixed-batches", "--batch-size", "3"]}
+    # Calls of 5 rows through 3 slots: on (8,1) a call is padded to 8 rows, 8 slots.
+    ways["slots"] = ["--slots", "3", "--rows-per-call", "5"]
     for mesh in (None, "4x2", "8x1"):
-        out = f"{root}/out-{mesh}.jsonl"
-        argv = ["batch", "--target", f"{root}/target", "--draft", f"{root}/draft"]
-        argv += ["--input", f"{root}/in.jsonl", "--output", out, "--batch-size", "3"]
-        argv += ["--temperature", "1", "--max-new-tokens", "8"]
-        assert main(argv + ([] if mesh is None else ["--mesh", mesh])) == 0
-        rows = [json.loads(line) for line in open(out)]
-        outputs[str(mesh)] = {r["id"]: r["tokens"] for r in rows}
+        for way, flags in ways.items():
+            out = f"{root}/out-{mesh}-{way}.jsonl"
+            argv = ["batch", "--target", f"{root}/target", "--draft", f"{root}/draft"]
+            argv += ["--input", f"{root}/in.jsonl", "--output", out, *flags]
+            argv += ["--temperature", "1", "--max-new-tokens", "8"]
+            assert main(argv + ([] if mesh is None else ["--mesh", mesh])) == 0
+            rows = [json.loads(line) for line in open(out)]
+            outputs[f"{mesh}-{way}"] = {r["id"]: r["tokens"] for r in rows}
     return {
-        "same": {m: outputs[m] == outputs["None"] for m in outputs},
-        "rows": len(outputs["None"]),
+        "same": {m: outputs[m] == outputs["None-fixed"] for m in outputs},
+        "rows": len(outputs["None-fixed"]),
     }
 
 

@@ -60,7 +60,8 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights():
 def test_batch_job_rows_do_not_depend_on_the_mesh():
     result = run_helper("batch")
     assert result["rows"] == 11
-    assert result["same"] == {"None": True, "4x2": True, "8x1": True}
+    ways = [f"{mesh}-{way}" for mesh in ("None", "4x2", "8x1") for way in ("fixed", "slots")]
+    assert result["same"] == dict.fromkeys(ways, True)
 
 
 @pytest.mark.slow
