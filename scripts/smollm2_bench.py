@@ -17,6 +17,7 @@ streaming read bandwidth measured in the same run: a lower bound on one decode s
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -196,6 +197,9 @@ def main(argv=None) -> int:
     from jax_specdec import zoo
 
     zoo.enable_compilation_cache()
+    # torch's OpenMP threads spin at barriers by default; on a shared machine that made
+    # transformers 5-10x slower (docs/models.md). Set before torch is imported.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers
 
