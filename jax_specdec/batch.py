@@ -335,10 +335,7 @@ def run_job(
             f"{sorted(unknown)[0]}: it belongs to a different job"
         )
     pending = [r for r in rows if r.key not in done]
-    if slots is None:
-        plan = plan_batches(pending, batch_size)
-    else:
-        plan = plan_batches(pending, rows_per_call or CALL_SLOTS * slots, by_budget=False)
+    plan = _plan(pending, batch_size, slots, rows_per_call)
     counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
     totals = dict.fromkeys(counters, 0)
     start = time.perf_counter()
@@ -351,15 +348,26 @@ def run_job(
             f.write("".join(json.dumps(r) + "\n" for r in results))
             f.flush()
             os.fsync(f.fileno())
-            totals["rows"] += len(results)
-            for r in results:
-                totals["tokens"] += r["stats"]["generated"]
-                for k in ("rounds", "drafted", "accepted", "rejected"):
-                    totals[k] += r["stats"][k]
+            _add_up(totals, results)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{totals['tokens'] / (time.perf_counter() - start):.0f}")
     bar.close()
     return _summary(totals, len(done), time.perf_counter() - start)
+
+
+def _plan(pending, batch_size: int, slots, rows_per_call) -> list[list[JobRow]]:
+    """Fixed batches (slots None), or calls of a sampling group through slots."""
+    if slots is None:
+        return plan_batches(pending, batch_size)
+    return plan_batches(pending, rows_per_call or CALL_SLOTS * slots, by_budget=False)
+
+
+def _add_up(totals: dict, results: list[dict]) -> None:
+    totals["rows"] += len(results)
+    for r in results:
+        totals["tokens"] += r["stats"]["generated"]
+        for k in ("rounds", "drafted", "accepted", "rejected"):
+            totals[k] += r["stats"][k]
 
 
 def _run_batch(batch: list[JobRow], generate, detokenize) -> tuple[list[dict], int]:

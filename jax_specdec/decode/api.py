@@ -4,7 +4,6 @@ its bound calls (`Run`), and the one-call forms `speculative_generate` and
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import NamedTuple
 
@@ -19,8 +18,14 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
 from jax_specdec.decode.feature_drafter import FeatureDraft, FeatureDrafter, attach
 from jax_specdec.decode.ngram import NGram
-from jax_specdec.decode.request import Request, check_int, make_request
-from jax_specdec.decode.stats import ROW_FIELDS, GenerationOutput
+from jax_specdec.decode.request import (
+    Request,
+    check_int,
+    longest_first,
+    make_request,
+    queue_rows,
+)
+from jax_specdec.decode.stats import GenerationOutput, take_rows
 from jax_specdec.nn import Transformer
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
@@ -73,7 +78,7 @@ class Run:
         out = program.generate(*self.args, config=self.config)
         if self._inverse is None:
             return out
-        return _take_rows(out, self._inverse)
+        return take_rows(out, self._inverse)
 
     def lower(self) -> jax.stages.Lowered:
         """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
@@ -242,7 +247,7 @@ class Generator:
             mesh=self.mesh,
             num_slots=num_slots,
         )
-        order = None if num_slots is None else _longest_first(request.budgets)
+        order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
         return Run(config, request, args, order)
 
@@ -250,13 +255,12 @@ class Generator:
         rows = request.batch
         arrays = (request.prompts, request.prompt_lengths, request.keys, request.budgets)
         if num_slots is not None:
-            arrays = tuple(a[order] for a in arrays)
             data = 1 if self.mesh is None else self.mesh.shape["data"]
             if num_slots % data:
                 raise ValueError(
                     f"the mesh's data axis ({data}) does not divide num_slots ({num_slots})"
                 )
-            arrays = _pad_rows(arrays, num_slots * 2 ** math.ceil(math.log2(rows / num_slots)))
+            arrays = queue_rows(tuple(a[order] for a in arrays), num_slots)
             rows = arrays[0].shape[0]
         if self.mesh is None:
             return tuple(map(jnp.asarray, arrays))
@@ -276,34 +280,6 @@ class Generator:
             num_slots=num_slots,
         )
         return _checked(run())
-
-
-def _pad_rows(arrays, rows: int):
-    """Prompts, lengths, keys and budgets padded to `rows` rows: padding rows have a
-    one-token prompt and budget 0 (never loaded)."""
-    prompts, lengths, keys, budgets = arrays
-    extra = rows - prompts.shape[0]
-    if extra == 0:
-        return arrays
-    return (
-        np.pad(prompts, ((0, extra), (0, 0))),
-        np.pad(lengths, (0, extra), constant_values=1),
-        jnp.concatenate([keys, jax.random.split(keys[0], extra)]),
-        np.pad(budgets, (0, extra)),
-    )
-
-
-def _longest_first(budgets: np.ndarray) -> np.ndarray:
-    """The queue order of slots: largest budget first (ties in the given order), so the
-    longest rows do not start last and run on alone at the end. Tokens do not depend on
-    it (a row's tokens depend only on its prompt and key)."""
-    return np.argsort(-budgets, kind="stable")
-
-
-def _take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
-    """The output's rows `rows` (the prompts in the order given, without padding)."""
-    stats = out.stats.replace(**{f: getattr(out.stats, f)[rows] for f in ROW_FIELDS})
-    return GenerationOutput(out.tokens[rows], out.lengths[rows], stats)
 
 
 def _schedule(num_draft_tokens, schedule):

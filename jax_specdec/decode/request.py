@@ -7,13 +7,14 @@ with a `ValueError` or `TypeError` naming the argument, never an XLA shape error
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Request", "check_int", "make_request"]
+__all__ = ["Request", "check_int", "longest_first", "make_request", "queue_rows"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -153,4 +154,28 @@ def _row_keys(key, batch: int) -> jax.Array:
     raise ValueError(
         f"key must be one key (shape []) or one key per row (shape [{batch}]), "
         f"got dtype {key.dtype} shape {key.shape}"
+    )
+
+
+def longest_first(budgets: np.ndarray) -> np.ndarray:
+    """The queue order of slots: largest budget first (ties in the given order), so the
+    longest rows do not start last and run on alone at the end. Tokens do not depend on
+    it (a row's tokens depend only on its prompt and key)."""
+    return np.argsort(-budgets, kind="stable")
+
+
+def queue_rows(arrays, num_slots: int):
+    """Prompts, lengths, keys and budgets padded to S·2^k rows for `num_slots` = S (so
+    a different number of prompts in the same bucket reuses the program): padding rows
+    have a one-token prompt and budget 0 (never loaded)."""
+    prompts, lengths, keys, budgets = arrays
+    rows = num_slots * 2 ** math.ceil(math.log2(prompts.shape[0] / num_slots))
+    extra = rows - prompts.shape[0]
+    if extra == 0:
+        return arrays
+    return (
+        np.pad(prompts, ((0, extra), (0, 0))),
+        np.pad(lengths, (0, extra), constant_values=1),
+        jnp.concatenate([keys, jax.random.split(keys[0], extra)]),
+        np.pad(budgets, (0, extra)),
     )

@@ -10,7 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-__all__ = ["ROW_FIELDS", "GenerationOutput", "GenerationStats", "init_stats", "nonfinite"]
+__all__ = [
+    "ROW_FIELDS",
+    "GenerationOutput",
+    "GenerationStats",
+    "init_stats",
+    "nonfinite",
+    "take_rows",
+]
 
 # The per-row counters of `GenerationStats` (the others count the whole batch).
 ROW_FIELDS = (
@@ -161,3 +168,9 @@ def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> Generat
 def nonfinite(logits: jax.Array) -> jax.Array:
     """[B] whether a row's logits [B, ...] hold a NaN or inf."""
     return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
+
+
+def take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
+    """The output's rows `rows` [R] (tokens, lengths and the per-row counters)."""
+    stats = out.stats.replace(**{f: getattr(out.stats, f)[rows] for f in ROW_FIELDS})
+    return GenerationOutput(out.tokens[rows], out.lengths[rows], stats)
