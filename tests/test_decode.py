@@ -251,3 +251,18 @@ def test_compiled_loop_does_not_copy_caches(target, draft, speculative):
         shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
         assert shape in hlo
         assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+
+
+def test_ngram_constant_schedule_runs_rounds_of_width_zero_or_gamma(target):
+    """A model-free drafter under a constant γ compiles two round widths (0 and γ): a
+    row whose match is shorter still tests only its own drafts, in a width-γ round."""
+    from jax_specdec import NGram
+
+    prompts = ragged_prompts(6, VOCAB, seed=2)
+    call = dict(key=jax.random.key(0), max_new_tokens=24)
+    out = Generator(target, NGram(), schedule=3)(prompts, **call)
+    widths = np.asarray(out.stats.gamma_rounds)
+    assert widths[1] == widths[2] == 0 and widths[3] > 0
+    assert np.asarray(out.stats.drafted).sum() < 3 * widths[3] * len(prompts)  # short matches
+    alone = Generator(target)(prompts, **call)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(alone.tokens))
