@@ -1,6 +1,8 @@
 """Shared fixtures: the tiny target and draft of the loop tests, and a tiny pair saved as
 model directories. Shared functions live in helpers.py."""
 
+import os
+
 import pytest
 from flax import nnx
 from helpers import make_draft, make_model
@@ -8,6 +10,11 @@ from helpers import make_draft, make_model
 from jax_specdec.data import stdlib_corpus, train_tokenizer
 from jax_specdec.hf import save_model
 from jax_specdec.nn import Transformer, TransformerConfig
+
+# In-process CLI calls would turn on JAX's persistent compilation cache (in the user's
+# cache directory) for the rest of the test process: tests keep it off (test_zoo checks
+# the switch itself). A long run with it on crashed once in the cache write.
+os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
 
 
 @pytest.fixture(scope="session")
