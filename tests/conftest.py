@@ -3,6 +3,7 @@ model directories. Shared functions live in helpers.py."""
 
 import os
 
+import jax
 import pytest
 from flax import nnx
 from helpers import make_draft, make_model
@@ -15,6 +16,27 @@ from jax_specdec.nn import Transformer, TransformerConfig
 # cache directory) for the rest of the test process: tests keep it off (test_zoo checks
 # the switch itself). A long run with it on crashed once in the cache write.
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
+
+# Every program XLA:CPU compiles keeps a few hundred memory maps until it is dropped, and a
+# process may hold vm.max_map_count (65530 by default) of them: past that, the next compile
+# segfaults. The whole suite compiles thousands of programs in one process, so compiled
+# programs are dropped once a test leaves the process above MAP_BUDGET maps.
+MAP_BUDGET = 20_000
+
+
+def _memory_maps():
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux: no count, drop programs after every test
+        return MAP_BUDGET + 1
+
+
+@pytest.fixture(autouse=True)
+def _drop_compiled_programs():
+    yield
+    if _memory_maps() > MAP_BUDGET:
+        jax.clear_caches()
 
 
 @pytest.fixture(scope="session")
