@@ -13,20 +13,16 @@ carry the step, so a run killed and restarted ends with the same weights.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from jax_specdec.feature_data import FeatureSet
+from jax_specdec.fit import Fit, fit
 from jax_specdec.nn.feature_head import FeatureHead
-from jax_specdec.train import _resume, _save
 
 __all__ = ["HeadTrainConfig", "agreement", "init_from_target", "output_rows", "train_head"]
 
@@ -169,36 +165,31 @@ def train_head(
     Returns:
       A log dict: train losses, validation agreement per draft step, seconds, steps.
     """
-    from tqdm.auto import tqdm
-
     optimizer = nnx.Optimizer(head, config.optimizer(), wrt=nnx.Param)
-    checkpoint_dir = pathlib.Path(checkpoint_dir).absolute()
-    options = ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
-    manager = ocp.CheckpointManager(checkpoint_dir, options=options)
-    log, start = _resume(manager, head, optimizer, checkpoint_dir)
-    log["agreement"] = [x for x in log.get("agreement", []) if x[0] <= start]
-    end = config.steps if stop_after is None else min(config.steps, stop_after)
     scale, embed, out_rows = feature_scale(train), target.embed[...], output_rows(target)
-    tokens_per_step = config.batch_size * train.tokens.shape[1]
-    bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress)
-    t0, seconds_before = time.perf_counter(), log["seconds"]
-    for step in bar:
-        batch = _batch(train, config.batch_size, config.seed, step)
-        loss = _train_step(head, optimizer, batch, embed, out_rows, scale, config)
-        done = step + 1
-        if done % 10 == 0 or done == end:
-            log["train_loss"].append((done, float(loss)))
-            tok_s = tokens_per_step * (done - start) / (time.perf_counter() - t0)
-            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tok_s:.0f}")
-        if done % config.eval_every == 0 or done == config.steps:
-            log["agreement"].append((done, agreement(head, validation, embed)))
-            message = f"step {done}: agreement per draft step {log['agreement'][-1][1]}"
-            bar.write(message, file=sys.stderr)
-        if done % config.checkpoint_every == 0 or done == end:
-            log["seconds"] = seconds_before + time.perf_counter() - t0
-            _save(manager, done, head, optimizer, log, checkpoint_dir)
-    manager.wait_until_finished()
-    manager.close()
-    log["seconds"] = seconds_before + time.perf_counter() - t0
-    log["steps"] = end
-    return log
+
+    def step(i):
+        batch = _batch(train, config.batch_size, config.seed, i)
+        return _train_step(head, optimizer, batch, embed, out_rows, scale, config)
+
+    def evaluate():
+        value = agreement(head, validation, embed)
+        return value, f"agreement per draft step {value}"
+
+    run = Fit(
+        step,
+        evaluate,
+        "agreement",
+        config.steps,
+        config.eval_every,
+        config.checkpoint_every,
+        tokens_per_step=config.batch_size * train.tokens.shape[1],
+    )
+    return fit(
+        head,
+        optimizer,
+        run,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        stop_after=stop_after,
+    )

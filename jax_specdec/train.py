@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from jax_specdec.data import sample_windows
+from jax_specdec.fit import Fit, fit
 from jax_specdec.nn import Transformer
 
 __all__ = ["TrainConfig", "train", "evaluate_loss", "DIVERGENCES"]
@@ -163,48 +162,37 @@ def train(
     Returns:
       A log dict: steps, train losses, validation losses, seconds, tokens seen.
     """
-    from tqdm.auto import tqdm
-
     _check_teacher(model, teacher, config)
     optimizer = nnx.Optimizer(model, config.optimizer(), wrt=nnx.Param)
-    checkpoint_dir = pathlib.Path(checkpoint_dir).absolute()
-    manager = ocp.CheckpointManager(
-        checkpoint_dir,
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
-    )
-    log, start = _resume(manager, model, optimizer, checkpoint_dir)
-    end = config.steps if stop_after is None else min(config.steps, stop_after)
-    tokens_per_step = config.batch_size * config.seq_len
-    bar = tqdm(
-        range(start, end),
-        initial=start,
-        total=config.steps,
-        disable=not progress,
+    window = dict(batch=config.batch_size, length=config.seq_len, seed=config.seed)
+
+    def step(i):
+        windows = jnp.asarray(sample_windows(train_stream, step=i, **window))
+        return _train_step(model, optimizer, teacher, windows, config)
+
+    def evaluate():
+        loss = evaluate_loss(model, validation_stream, config)
+        return loss, f"validation loss {loss:.4f}"
+
+    run = Fit(
+        step,
+        evaluate,
+        "validation_loss",
+        config.steps,
+        config.eval_every,
+        config.checkpoint_every,
+        tokens_per_step=config.batch_size * config.seq_len,
         desc="distill" if teacher is not None else "train",
     )
-    t0 = time.perf_counter()
-    seconds_before = log["seconds"]
-    for step in bar:
-        window = dict(batch=config.batch_size, length=config.seq_len, seed=config.seed)
-        windows = jnp.asarray(sample_windows(train_stream, step=step, **window))
-        loss = _train_step(model, optimizer, teacher, windows, config)
-        done = step + 1
-        if done % 10 == 0 or done == end:
-            loss = float(loss)
-            log["train_loss"].append((done, loss))
-            tok_s = tokens_per_step * (done - start) / (time.perf_counter() - t0)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:.0f}")
-        if done % config.eval_every == 0 or done == config.steps:
-            log["validation_loss"].append((done, evaluate_loss(model, validation_stream, config)))
-            bar.write(f"step {done}: validation loss {log['validation_loss'][-1][1]:.4f}")
-        if done % config.checkpoint_every == 0 or done == end:
-            log["seconds"] = seconds_before + time.perf_counter() - t0
-            _save(manager, done, model, optimizer, log, checkpoint_dir)
-    manager.wait_until_finished()
-    manager.close()
-    log["seconds"] = seconds_before + time.perf_counter() - t0
-    log["steps"] = end
-    log["tokens_seen"] = end * tokens_per_step
+    log = fit(
+        model,
+        optimizer,
+        run,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        stop_after=stop_after,
+    )
+    log["tokens_seen"] = log["steps"] * run.tokens_per_step
     return log
 
 
@@ -216,33 +204,3 @@ def _check_teacher(model, teacher, config: TrainConfig) -> None:
             f"teacher vocabulary {teacher.config.vocab_size} differs from the student's "
             f"{model.config.vocab_size}"
         )
-
-
-def _resume(manager, model, optimizer, checkpoint_dir: pathlib.Path) -> tuple[dict, int]:
-    """Restores model and optimizer from the latest checkpoint, if any: (log, step)."""
-    log = {"train_loss": [], "validation_loss": [], "seconds": 0.0, "resumed_from": None}
-    latest = manager.latest_step()
-    if latest is None:
-        return log, 0
-    template = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-    restored = manager.restore(latest, args=ocp.args.StandardRestore(template))
-    nnx.update(model, restored["model"])
-    nnx.update(optimizer, restored["optimizer"])
-    log_path = checkpoint_dir / "log.json"
-    if log_path.exists():
-        import json
-
-        log = json.loads(log_path.read_text())
-        log["train_loss"] = [x for x in log["train_loss"] if x[0] <= latest]
-        log["validation_loss"] = [x for x in log["validation_loss"] if x[0] <= latest]
-    log["resumed_from"] = latest
-    return log, latest
-
-
-def _save(manager, step, model, optimizer, log, checkpoint_dir):
-    import json
-
-    state = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-    manager.save(step, args=ocp.args.StandardSave(state), force=True)
-    manager.wait_until_finished()
-    (checkpoint_dir / "log.json").write_text(json.dumps(log))

@@ -37,8 +37,8 @@ def ways(generators, prompts, budgets, slots, key):
     out = {}
     for mode, g in generators.items():
         runs = [
-            g.bind(prompts[i : i + slots], key=key[i : i + slots], max_new_tokens=budgets[i : i + slots])
-            for i in range(0, len(prompts), slots)
+            g.bind(prompts[part], key=key[part], max_new_tokens=budgets[part])
+            for part in (slice(i, i + slots) for i in range(0, len(prompts), slots))
         ]
         out[mode, "fixed"] = lambda runs=runs: [r() for r in runs]
         one = g.bind(prompts, key=key, max_new_tokens=budgets, num_slots=slots)
@@ -93,8 +93,8 @@ def table(results):
     for workload in ("skewed", "equal"):
         for mode in ("autoregressive", "speculative"):
             fixed, slots = (
-                next(r for r in results if (r["workload"], r["mode"], r["way"]) == (workload, mode, w))
-                for w in ("fixed", "slots")
+                next(r for r in results if (r["workload"], r["mode"], r["way"]) == wanted)
+                for wanted in ((workload, mode, "fixed"), (workload, mode, "slots"))
             )
             rows.append(
                 [

@@ -21,9 +21,10 @@ of the cache to that one prompt ([1, P], length [1]), as `init` would have made 
 
 A drafter whose `reads_features` attribute is true also gets the target's features
 (its top layer's hidden states after the final norm, `Transformer.decode_entries(...,
-features=True)`): `init(..., features=[B, P, D])` and `load(..., features=[1, P, D])` for the prompt, and `commit(...,
-features=[B, γ_max + 1, D])` for the positions `before - 1 …` the round verified (the
-first `after - before + 1` are the accepted ones and the position of the correction).
+features=True)`): `init(..., features=[B, P, D])` and `load(..., features=[1, P, D])`
+for the prompt, and `commit(..., features=[B, γ_max + 1, D])` for the positions
+`before - 1 …` the round verified (the first `after - before + 1` are the accepted ones
+and the position of the correction).
 Every round of such a drafter goes through the verify call (no plain γ = 0 steps).
 
 The draft model, its early-exit form (`Confidence`) and the n-gram proposer are

@@ -141,7 +141,9 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     last, row, features = prefill_row(target, prompt, length[0], features=reads)
     last = last[:, : config.vocab_size]  # [1, V]
     key = q.keys[n][None]
-    first = choose(round_keys(key, 0), last, probs_from_logits(last, config.sampling), config.sampling)
+    first = choose(
+        round_keys(key, 0), last, probs_from_logits(last, config.sampling), config.sampling
+    )
     draft_cache = state.draft_cache
     if config.drafter is not None:
         extra = {"features": features[:, : prompt.shape[1]]} if reads else {}

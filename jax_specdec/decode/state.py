@@ -132,10 +132,13 @@ def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features: bool =
 def load_row(cache: KVCache, row: KVCache, slot: jax.Array, length: jax.Array) -> KVCache:
     """`cache` with row `slot` overwritten by the one-row cache `row` (its first
     positions; the rest of the slot's old entries stay but lie beyond `length`)."""
+
     # Positions past the big cache's size (chunk padding) are beyond `length`: cut.
-    put = lambda big, small: jax.lax.dynamic_update_slice(  # noqa: E731
-        big, small[:, :, : big.shape[2]].astype(big.dtype), (slot, 0, 0, 0)
-    )
+    def put(big, small):
+        return jax.lax.dynamic_update_slice(
+            big, small[:, :, : big.shape[2]].astype(big.dtype), (slot, 0, 0, 0)
+        )
+
     return cache.replace(
         keys=tuple(map(put, cache.keys, row.keys)),
         values=tuple(map(put, cache.values, row.values)),
