@@ -56,7 +56,7 @@ def test_any_slot_count_gives_the_tokens_a_prompt_gets_alone(target, draft, name
     prompts = ragged_prompts(len(BUDGETS), VOCAB, seed=3)
     call = dict(key=jax.random.key(4), max_new_tokens=BUDGETS)
     alone = outputs(g(prompts, **call))
-    for slots in (1, 3, len(prompts)):
+    for slots in (1, 2, 3, len(prompts)):
         got = outputs(g(prompts, num_slots=slots, **call))
         for a, b in zip(alone, got, strict=True):
             np.testing.assert_array_equal(a, b, err_msg=f"num_slots={slots}")
