@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 
-from jax_specdec import Generator, SamplingConfig, zoo
+from jax_specdec import Generator, NGram, SamplingConfig, zoo
 from jax_specdec.bench import measure
 from jax_specdec.data import stdlib_corpus
 from jax_specdec.decode.feature_drafter import attach
@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-speed", action="store_true", help="acceptance only")
+    p.add_argument("--ngram", action="store_true", help="time the n-gram proposer beside it")
     args = p.parse_args()
     zoo.enable_compilation_cache(True)
     path = zoo.resolve(args.target)
@@ -67,11 +68,13 @@ def main() -> None:
     sampling = SamplingConfig(args.temperature)
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
     plain = Generator(target, sampling=sampling)
+    ngram = Generator(target, NGram(), num_draft_tokens=args.gamma, sampling=sampling)
     rows = []
     for start in range(0, len(prompts), args.batch):
         chunk, key = prompts[start : start + args.batch], jax.random.key(start)
         bound = dict(key=key, max_new_tokens=args.max_new_tokens)
         runs = [spec.bind(chunk, **bound), plain.bind(chunk, **bound)]
+        runs += [ngram.bind(chunk, **bound)] if args.ngram else []
         t0 = time.perf_counter()
         out = jax.block_until_ready(runs[0]())
         row = {"compile_and_run_seconds": round(time.perf_counter() - t0, 2)}
@@ -82,6 +85,8 @@ def main() -> None:
                 int(np.asarray(out.lengths).sum()) / timed[0].seconds, 1
             )
             row["ar_tokens_per_s"] = round(int(np.asarray(out.lengths).sum()) / timed[1].seconds, 1)
+            if args.ngram:
+                row["ngram_speedup"] = round(timed[1].seconds / timed[2].seconds, 3)
         row["accepted_through"], row["alpha_per_position"] = per_position(out.stats)
         row["tokens_per_round"] = round(float(out.stats.tokens_per_round(out.lengths)), 3)
         rows.append(row)
