@@ -13,8 +13,8 @@ from jax_specdec.hf import save_model
 from jax_specdec.nn import Transformer, TransformerConfig
 
 # In-process CLI calls would turn on JAX's persistent compilation cache (in the user's
-# cache directory) for the rest of the test process: tests keep it off (test_zoo checks
-# the switch itself). A long run with it on crashed once in the cache write.
+# cache directory) for the rest of the test process: tests keep it off so that they write
+# nothing there (test_zoo checks the switch itself).
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
 
 # Every program XLA:CPU compiles keeps a few hundred memory maps until it is dropped, and a
