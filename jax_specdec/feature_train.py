@@ -3,8 +3,9 @@
 Entry i of a window feeds (f_{i-1}, x_i) and is trained to give the target's next-token
 distribution at i, restricted to the kept tokens (cross-entropy against the softmax of
 the target's own output rows at f_i), plus, weighted, a smooth-L1 regression of f_i
-scaled by the features' RMS. With `unroll` 2 a second pass feeds the head its own
-predicted features (f̂_{i-1}, x_i), as later draft steps do (EAGLE-3 trains this way).
+scaled by the features' RMS. With `unroll` n, passes 2 … n train draft steps 2 … n as
+the loop runs them (`FeatureHead.unrolled`): the head's own predicted feature in, the
+target's features behind it, EAGLE-3's "training-time test".
 
 Batches depend only on (seed, step), and checkpoints (model and optimizer, orbax)
 carry the step, so a run killed and restarted ends with the same weights.
@@ -49,8 +50,10 @@ class HeadTrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"HeadTrainConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.unroll not in (1, 2):
-            raise ValueError(f"HeadTrainConfig.unroll must be 1 or 2, got {self.unroll!r}")
+        if isinstance(self.unroll, bool) or self.unroll not in range(1, 9):
+            raise ValueError(
+                f"HeadTrainConfig.unroll must be an integer in [1, 8], got {self.unroll!r}"
+            )
 
     def optimizer(self) -> optax.GradientTransformation:
         schedule = optax.warmup_cosine_decay_schedule(
@@ -80,24 +83,17 @@ def _batch(data: FeatureSet, size: int, seed: int, step: int):
     return tuple(jnp.asarray(a[rows]) for a in data)
 
 
-def _pass_loss(head, prev, tokens, features, soft, embed, scale, config):
-    logits, predicted = head(prev, tokens, embed)
-    ce = optax.softmax_cross_entropy(logits, soft).mean()
-    reg = optax.huber_loss(predicted / scale, features / scale).mean()
-    return config.ce_weight * ce + config.feature_weight * reg, predicted
-
-
 def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
     tokens, features, _ = batch
     features = features.astype(jnp.float32)
     kept_rows = jax.lax.stop_gradient(out_rows[head.vocab_map[...]])  # [K, D]
     soft = jax.nn.softmax(jnp.einsum("btd,kd->btk", features, kept_rows), axis=-1)
     prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
-    loss, predicted = _pass_loss(head, prev, tokens, features, soft, embed, scale, config)
-    if config.unroll == 2:
-        prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
-        second, _ = _pass_loss(head, prev, tokens, features, soft, embed, scale, config)
-        loss = loss + second
+    loss = 0.0
+    for s, (logits, predicted) in enumerate(head.unrolled(prev, tokens, embed, config.unroll)):
+        ce = optax.softmax_cross_entropy(logits[:, s:], soft[:, s:]).mean()
+        reg = optax.huber_loss(predicted[:, s:] / scale, features[:, s:] / scale).mean()
+        loss = loss + config.ce_weight * ce + config.feature_weight * reg
     return loss
 
 
@@ -111,15 +107,14 @@ def _train_step(head, optimizer, batch, embed, out_rows, scale, config):
 
 @nnx.jit(static_argnames="steps")
 def _agree(head, batch, embed, steps: int):
-    """Per draft step: how often the head's argmax is the target's greedy token."""
+    """Per draft step: how often the head's argmax is the target's greedy token (entries
+    whose round has a pending position ≥ 1)."""
     tokens, features, greedy = batch
     prev = jnp.pad(features[:, :-1].astype(jnp.float32), ((0, 0), (1, 0), (0, 0)))
     hits = []
-    for _ in range(steps):
-        logits, predicted = head(prev, tokens, embed)
+    for s, (logits, _) in enumerate(head.unrolled(prev, tokens, embed, steps)):
         guess = head.vocab_map[...][jnp.argmax(logits, axis=-1)]
-        hits.append(jnp.mean((guess == greedy)[:, 1:]))
-        prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
+        hits.append(jnp.mean((guess == greedy)[:, s + 1 :]))
     return jnp.stack(hits)
 
 

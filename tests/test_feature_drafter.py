@@ -115,6 +115,30 @@ def test_drafts_are_the_heads_predictions_from_true_features():
     assert total_at[1] > 0, "the test needs second drafts accepted (predicted features)"
 
 
+def test_training_passes_see_what_the_loop_sees(target):
+    """`FeatureHead.unrolled` step s + 1 at entry p + s equals the reference of a round
+    with pending position p: true features up to p, the head's own predictions after."""
+    head = make_head(target, seed=3, scale=0.5)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, VOCAB, (1, 14)))
+    _, true = target(tokens, features=True)
+    steps, embed = 3, target.embed[...]
+    first = jnp.pad(true[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    passes = head.unrolled(first, tokens, embed, steps)
+    for pending in range(1, tokens.shape[1] - steps):
+        prev = np.zeros(first.shape, np.float32)
+        prev[0, 1 : pending + 1] = np.asarray(true)[0, :pending]
+        for s in range(steps):
+            logits, predicted = _head_pass(head, jnp.asarray(prev), tokens, embed)
+            np.testing.assert_allclose(
+                np.asarray(passes[s][0])[0, pending + s],
+                np.asarray(logits)[0, pending + s],
+                rtol=1e-4,
+                atol=1e-4,
+                err_msg=f"draft step {s + 1}, pending position {pending}",
+            )
+            prev[0, pending + s + 1] = np.asarray(predicted)[0, pending + s]
+
+
 # ---------------------------------------------------------------- exactness
 
 SETTINGS = {

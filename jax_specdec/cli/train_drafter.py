@@ -27,7 +27,13 @@ def add_parser(sub) -> None:
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--feature-weight", type=float, default=0.1, help="feature regression")
     p.add_argument("--ce-weight", type=float, default=1.0, help="cross-entropy to the target")
-    p.add_argument("--unroll", type=int, choices=[1, 2], default=1)
+    p.add_argument(
+        "--unroll",
+        type=int,
+        choices=range(1, 9),
+        default=1,
+        help="draft steps trained as the loop runs them",
+    )
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--seed", type=int, default=0)

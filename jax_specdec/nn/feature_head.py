@@ -143,16 +143,49 @@ class FeatureHead(nnx.Module):
         Returns:
           (logits [B, T, K] float32, predicted features [B, T, D]).
         """
+        return self.unrolled(prev_features, tokens, embed, 1)[0]
+
+    def unrolled(self, prev_features, tokens, embed, steps: int):
+        """Teacher-forced passes for draft steps 1 … `steps`, each entry attending to
+        what it attends to in the loop.
+
+        In the loop, draft s + 1 of a round whose pending position is p comes from the
+        entry at i = p + s fed (the head's step-s prediction at i - 1, x_i); it
+        attends to the entries of positions ≤ p made from the target's own features,
+        and to the round's earlier draft entries p + 1 … i - 1 (step m at p + m - 1).
+        So pass s + 1 reuses pass 1's keys and values below a causal mask lagging by
+        s, and each earlier pass m + 1's keys on one diagonal (EAGLE-3's
+        "training-time test", Li et al. 2025, arXiv 2503.01840).
+
+        Args:
+          prev_features, tokens, embed: as `__call__` (pass 1's input).
+          steps: number of draft steps.
+
+        Returns:
+          per step, (logits [B, T, K] float32, predicted features [B, T, D]); step s + 1
+          at entry i < s has no round behind it.
+        """
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
-        x = self._inputs(prev_features, tokens, embed)
-        for block in self.blocks:
-            q, k, v = block.attn.project(block.attn_norm(x), positions)
-            x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
-            x = x + block.mlp(block.mlp_norm(x))
-        predicted = self.norm(x)
-        return self.logits(predicted), predicted
+        rows, cols = jnp.arange(T)[:, None], jnp.arange(T)[None]
+        earlier, out, prev = [], [], prev_features  # earlier[m][layer] = (k, v)
+        for s in range(steps):
+            x = self._inputs(prev, tokens, embed)
+            this = []
+            for i, block in enumerate(self.blocks):
+                q, k, v = block.attn.project(block.attn_norm(x), positions)
+                k, v = heads_first(k), heads_first(v)
+                this.append((k, v))
+                parts = [(*(earlier[0][i] if s else (k, v)), (cols <= rows - s)[None])]
+                parts += [(*earlier[m][i], (cols == rows - s + m)[None]) for m in range(1, s)]
+                parts += [(k, v, (cols == rows)[None])] if s else []
+                x = x + block.attn.attend(q, parts)
+                x = x + block.mlp(block.mlp_norm(x))
+            earlier.append(this)
+            predicted = self.norm(x)
+            out.append((self.logits(predicted), predicted))
+            prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
+        return out
 
     def decode_entries(self, prev_features, tokens, embed, cache: KVCache, start, recent=()):
         """Entries at positions start[b] + t on a read-only cache; their keys and values
