@@ -52,6 +52,16 @@ def windows_of(stream: np.ndarray, length: int, limit: int | None = None) -> np.
     return stream[: count * length].reshape(count, length).astype(np.int32)
 
 
+def spread_windows(stream: np.ndarray, length: int, limit: int) -> np.ndarray:
+    """`limit // length` non-overlapping windows spaced evenly over the whole stream
+    (every file region represented), or all of them if the stream is shorter."""
+    windows = windows_of(stream, length)
+    count = max(limit // length, 1)
+    if count >= len(windows):
+        return windows
+    return windows[np.linspace(0, len(windows) - 1, count).round().astype(int)]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, state, tokens):
     logits, features = nnx.merge(graphdef, state)(tokens, features=True)
@@ -75,6 +85,7 @@ def extract_features(
     for start in bar:
         file = parts / f"{start:08d}.npz"
         if file.exists():
+            _check_part(file, windows[start : start + batch])
             continue
         tokens = windows[start : start + batch]
         features, greedy = _forward(graphdef, state, jnp.asarray(tokens))
@@ -83,6 +94,15 @@ def extract_features(
         tmp.rename(file)  # a killed run leaves no half-written part
         bar.set_postfix(tokens=(start + len(tokens)) * windows.shape[1])
     return load_features(directory)
+
+
+def _check_part(file: pathlib.Path, tokens: np.ndarray) -> None:
+    with np.load(file) as part:
+        if not np.array_equal(part["tokens"], tokens):
+            raise ValueError(
+                f"{file} holds other windows than the ones asked for: the directory "
+                f"belongs to another data setting; use a new directory"
+            )
 
 
 def load_features(directory) -> FeatureSet:

@@ -22,6 +22,7 @@ from jax_specdec.feature_data import (
     greedy_continuations,
     kept_vocabulary,
     load_features,
+    spread_windows,
     windows_of,
 )
 from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
@@ -44,6 +45,8 @@ class DataConfig:
       prompt_len: for "greedy", the corpus part of each window.
       validation_tokens: held-out tokens (text of the validation files) for agreement.
       corpus: "stdlib", or a directory whose .py files make the corpus.
+      spread: for "text", windows spaced evenly over the whole corpus rather than
+        its first `tokens` tokens.
     """
 
     kind: str = "text"
@@ -52,6 +55,7 @@ class DataConfig:
     prompt_len: int = 32
     validation_tokens: int = 8192
     corpus: str = "stdlib"
+    spread: bool = False
 
     def __post_init__(self):
         if self.kind not in DATA_KINDS:
@@ -62,6 +66,7 @@ class DataConfig:
     @property
     def name(self) -> str:
         extra = f"-p{self.prompt_len}" if self.kind == "greedy" else ""
+        extra += "-spread" if self.spread and self.kind == "text" else ""
         return f"{self.kind}{extra}-t{self.seq_len}-n{self.tokens}"
 
 
@@ -81,7 +86,9 @@ def prepare_data(target, tokenizer, data: DataConfig, work_dir, *, batch: int = 
     train_stream, valid_stream = _streams(tokenizer, data.corpus)
     valid = windows_of(valid_stream, data.seq_len, data.validation_tokens)
     validation = extract_features(target, valid, work_dir / f"valid-t{data.seq_len}", batch=batch)
-    if data.kind == "text":
+    if data.kind == "text" and data.spread:
+        windows = spread_windows(train_stream, data.seq_len, data.tokens)
+    elif data.kind == "text":
         windows = windows_of(train_stream, data.seq_len, data.tokens)
     else:
         cached = work_dir / f"{data.name}-windows.npy"

@@ -17,7 +17,12 @@ from flax import nnx
 from helpers import make_model
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.feature_data import FeatureSet, extract_features, kept_vocabulary
+from jax_specdec.feature_data import (
+    FeatureSet,
+    extract_features,
+    kept_vocabulary,
+    spread_windows,
+)
 from jax_specdec.feature_io import load_head, save_head
 from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
@@ -59,6 +64,21 @@ def test_extraction_resumes_from_its_parts(tmp_path):
     logits, features = target(jnp.asarray(first.tokens[:2]), features=True)
     np.testing.assert_allclose(first.features[:2], np.asarray(features), atol=2e-3)
     np.testing.assert_array_equal(first.greedy[:2], np.argmax(np.asarray(logits), -1))
+
+
+def test_parts_of_other_windows_are_refused(tmp_path):
+    target = tiny_target()
+    tiny_data(target, tmp_path)
+    with pytest.raises(ValueError, match="holds other windows"):
+        tiny_data(target, tmp_path, seed=1)
+
+
+def test_spread_windows_cover_the_stream():
+    stream = np.arange(1000)
+    windows = spread_windows(stream, 10, 50)
+    np.testing.assert_array_equal(windows[:, 0], [0, 250, 500, 740, 990])
+    np.testing.assert_array_equal(windows[1], np.arange(250, 260))
+    assert spread_windows(stream, 10, 5000).shape == (100, 10)
 
 
 def test_kept_vocabulary_is_the_most_frequent():

@@ -18,6 +18,11 @@ def add_parser(sub) -> None:
     p.add_argument("--run-name", default="head", help="checkpoint folder under <work-dir>/runs")
     p.add_argument("--data", choices=["text", "greedy"], default="text")
     p.add_argument("--tokens", type=int, default=150_000, help="training tokens to extract")
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="--data text: windows spaced evenly over the corpus, not its first --tokens",
+    )
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32, help="--data greedy: corpus prefix")
     p.add_argument("--kept", type=int, default=8192, help="tokens the head scores")
@@ -56,6 +61,7 @@ def _configs(args):
         seq_len=args.seq_len,
         prompt_len=args.prompt_len,
         corpus=args.corpus,
+        spread=args.spread,
     )
     train = HeadTrainConfig(
         steps=args.steps,
