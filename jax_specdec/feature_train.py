@@ -168,7 +168,7 @@ def train_head(
         return _train_step(head, optimizer, batch, embed, out_rows, scale, config)
 
     def evaluate():
-        value = agreement(head, validation, embed)
+        value = agreement(head, validation, embed, steps=max(2, config.unroll))
         return value, f"agreement per draft step {value}"
 
     run = Fit(

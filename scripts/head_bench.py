@@ -13,7 +13,9 @@ import json
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jax_specdec import Generator, NGram, SamplingConfig, zoo
 from jax_specdec.bench import measure
@@ -46,6 +48,31 @@ def per_position(stats) -> tuple[list[float], list[float]]:
     return cumulative.round(3).tolist(), (accepted / np.maximum(reached, 1)).round(3).tolist()
 
 
+def reference_acceptance(target, draft, prompt, new_tokens, gamma) -> list[int]:
+    """Greedy rounds replayed with full forward passes (the target's true features up
+    to each round's pending token, the head's own predictions after): how many drafts
+    were accepted at each position. The loop must give the same counts."""
+    head, embed = draft.head, draft.embed[...]
+    ids, seq = np.asarray(head.vocab_map[...]), list(prompt) + list(new_tokens)
+    width = len(seq) + gamma + 1
+    pad = lambda t: jnp.asarray([t + [0] * (width - len(t))])  # noqa: E731
+    run_head, run_target = nnx.jit(lambda h, *a: h(*a)), jax.jit(lambda t: target(t, features=True))
+    length, end, accepted = len(prompt) + 1, len(seq), [0] * gamma
+    while length < end:
+        prev = np.zeros((1, width, target.config.d_model), np.float32)
+        prev[0, 1:length] = np.asarray(run_target(pad(seq[: length - 1]))[1])[0, : length - 1]
+        drafts = seq[:length]
+        for _ in range(gamma):
+            logits, predicted = run_head(head, jnp.asarray(prev), pad(drafts), embed)
+            drafts.append(int(ids[int(np.argmax(np.asarray(logits)[0, len(drafts) - 1]))]))
+            prev[0, len(drafts) - 1] = np.asarray(predicted)[0, len(drafts) - 2]
+        n = 0
+        while n < gamma and length + n < end and drafts[length + n] == seq[length + n]:
+            accepted[n], n = accepted[n] + 1, n + 1
+        length += n + 1
+    return accepted
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m")
@@ -59,7 +86,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-speed", action="store_true", help="acceptance only")
     p.add_argument("--ngram", action="store_true", help="time the n-gram proposer beside it")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="greedy: check each batch's first row against full re-runs of the head",
+    )
     args = p.parse_args()
+    if args.reference and args.temperature != 0:
+        p.error("--reference replays greedy rounds: use it with --temperature 0")
     zoo.enable_compilation_cache(True)
     path = zoo.resolve(args.target)
     target, tokenizer = load_model(path), load_tokenizer(path)
@@ -89,6 +123,12 @@ def main() -> None:
                 row["ngram_speedup"] = round(timed[1].seconds / timed[2].seconds, 3)
         row["accepted_through"], row["alpha_per_position"] = per_position(out.stats)
         row["tokens_per_round"] = round(float(out.stats.tokens_per_round(out.lengths)), 3)
+        if args.reference:
+            new = np.asarray(out.tokens)[0, : int(np.asarray(out.lengths)[0])]
+            expected = reference_acceptance(target, draft, chunk[0], new, args.gamma)
+            row["reference_accepted_at"] = expected
+            row["loop_accepted_at"] = np.asarray(out.stats.accepted_at)[0].tolist()
+            assert row["loop_accepted_at"] == expected, row
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"args": vars(args), "rows": rows}))
