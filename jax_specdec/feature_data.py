@@ -27,6 +27,7 @@ __all__ = [
     "greedy_continuations",
     "kept_vocabulary",
     "load_features",
+    "spread_windows",
     "windows_of",
 ]
 
@@ -53,8 +54,8 @@ def windows_of(stream: np.ndarray, length: int, limit: int | None = None) -> np.
 
 
 def spread_windows(stream: np.ndarray, length: int, limit: int) -> np.ndarray:
-    """`limit // length` non-overlapping windows spaced evenly over the whole stream
-    (every file region represented), or all of them if the stream is shorter."""
+    """max(1, `limit // length`) non-overlapping windows spaced evenly over the whole
+    stream (every file region represented), or all of them if the stream is shorter."""
     windows = windows_of(stream, length)
     count = max(limit // length, 1)
     if count >= len(windows):
@@ -93,6 +94,12 @@ def extract_features(
         np.savez(tmp, tokens=tokens, features=np.asarray(features), greedy=np.asarray(greedy))
         tmp.rename(file)  # a killed run leaves no half-written part
         bar.set_postfix(tokens=(start + len(tokens)) * windows.shape[1])
+    extra = {f.name for f in parts.glob("*[0-9].npz")} - {f"{s:08d}.npz" for s in starts}
+    if extra:
+        raise ValueError(
+            f"{parts} holds {len(extra)} parts beyond the {len(windows)} windows asked "
+            f"for: the directory belongs to another data setting; use a new directory"
+        )
     return load_features(directory)
 
 

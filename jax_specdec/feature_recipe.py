@@ -8,6 +8,7 @@ training continues from its last orbax checkpoint (the same command, run again).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import time
@@ -62,11 +63,15 @@ class DataConfig:
             raise ValueError(f"data kind must be one of {DATA_KINDS}, got {self.kind!r}")
         if not 0 < self.prompt_len < self.seq_len:
             raise ValueError(f"prompt_len must lie in (0, seq_len), got {self.prompt_len}")
+        if self.spread and self.kind != "text":
+            raise ValueError(f"spread applies to data kind 'text' only, not {self.kind!r}")
 
     @property
     def name(self) -> str:
         extra = f"-p{self.prompt_len}" if self.kind == "greedy" else ""
-        extra += "-spread" if self.spread and self.kind == "text" else ""
+        extra += "-spread" if self.spread else ""
+        if self.corpus != "stdlib":  # another corpus, other windows: another directory
+            extra += "-" + hashlib.sha256(str(self.corpus).encode()).hexdigest()[:8]
         return f"{self.kind}{extra}-t{self.seq_len}-n{self.tokens}"
 
 

@@ -50,7 +50,11 @@ class HeadTrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"HeadTrainConfig.{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.unroll, bool) or self.unroll not in range(1, 9):
+        if (
+            not isinstance(self.unroll, int)
+            or isinstance(self.unroll, bool)
+            or not (1 <= self.unroll <= 8)
+        ):
             raise ValueError(
                 f"HeadTrainConfig.unroll must be an integer in [1, 8], got {self.unroll!r}"
             )
@@ -120,7 +124,10 @@ def _agree(head, batch, embed, steps: int):
 
 def agreement(head, data: FeatureSet, embed, *, steps: int = 2, batch: int = 8) -> list[float]:
     """Teacher-forced agreement with the target's greedy token on every window of `data`:
-    [first draft (true features in), second (the head's own features in), …]."""
+    [first draft (true features in), second (the head's own prediction in), …], each
+    as the loop runs it (`FeatureHead.unrolled`)."""
+    if not 1 <= steps < data.tokens.shape[1]:
+        raise ValueError(f"steps must lie in [1, window length), got {steps}")
     totals = np.zeros(steps)
     count = len(data) // batch
     for i in range(count):
@@ -160,6 +167,11 @@ def train_head(
     Returns:
       A log dict: train losses, validation agreement per draft step, seconds, steps.
     """
+    if config.unroll >= train.tokens.shape[1]:
+        raise ValueError(
+            f"unroll {config.unroll} needs windows longer than it; these have "
+            f"{train.tokens.shape[1]} tokens"
+        )
     optimizer = nnx.Optimizer(head, config.optimizer(), wrt=nnx.Param)
     scale, embed, out_rows = feature_scale(train), target.embed[...], output_rows(target)
 

@@ -48,22 +48,32 @@ def per_position(stats) -> tuple[list[float], list[float]]:
     return cumulative.round(3).tolist(), (accepted / np.maximum(reached, 1)).round(3).tolist()
 
 
-def reference_acceptance(target, draft, prompt, new_tokens, gamma) -> list[int]:
+@nnx.jit
+def _head_pass(head, prev, tokens, embed):
+    return head(prev, tokens, embed)
+
+
+@nnx.jit
+def _target_features(target, tokens):
+    return target(tokens, features=True)[1]
+
+
+def reference_acceptance(target, draft, prompt, new_tokens, gamma, width) -> list[int]:
     """Greedy rounds replayed with full forward passes (the target's true features up
-    to each round's pending token, the head's own predictions after): how many drafts
-    were accepted at each position. The loop must give the same counts."""
+    to each round's pending token, the head's own predictions after), every call
+    padded to `width` tokens: how many drafts were accepted at each position. The
+    loop must give the same counts."""
     head, embed = draft.head, draft.embed[...]
     ids, seq = np.asarray(head.vocab_map[...]), list(prompt) + list(new_tokens)
-    width = len(seq) + gamma + 1
     pad = lambda t: jnp.asarray([t + [0] * (width - len(t))])  # noqa: E731
-    run_head, run_target = nnx.jit(lambda h, *a: h(*a)), jax.jit(lambda t: target(t, features=True))
     length, end, accepted = len(prompt) + 1, len(seq), [0] * gamma
     while length < end:
         prev = np.zeros((1, width, target.config.d_model), np.float32)
-        prev[0, 1:length] = np.asarray(run_target(pad(seq[: length - 1]))[1])[0, : length - 1]
+        true = np.asarray(_target_features(target, pad(seq[: length - 1])))
+        prev[0, 1:length] = true[0, : length - 1]
         drafts = seq[:length]
         for _ in range(gamma):
-            logits, predicted = run_head(head, jnp.asarray(prev), pad(drafts), embed)
+            logits, predicted = _head_pass(head, jnp.asarray(prev), pad(drafts), embed)
             drafts.append(int(ids[int(np.argmax(np.asarray(logits)[0, len(drafts) - 1]))]))
             prev[0, len(drafts) - 1] = np.asarray(predicted)[0, len(drafts) - 2]
         n = 0
@@ -125,10 +135,12 @@ def main() -> None:
         row["tokens_per_round"] = round(float(out.stats.tokens_per_round(out.lengths)), 3)
         if args.reference:
             new = np.asarray(out.tokens)[0, : int(np.asarray(out.lengths)[0])]
-            expected = reference_acceptance(target, draft, chunk[0], new, args.gamma)
+            width = args.prompt_len + args.max_new_tokens + args.gamma + 1
+            expected = reference_acceptance(target, draft, chunk[0], new, args.gamma, width)
             row["reference_accepted_at"] = expected
             row["loop_accepted_at"] = np.asarray(out.stats.accepted_at)[0].tolist()
-            assert row["loop_accepted_at"] == expected, row
+            if row["loop_accepted_at"] != expected:
+                raise SystemExit(f"the loop's acceptance differs from the reference: {row}")
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"args": vars(args), "rows": rows}))

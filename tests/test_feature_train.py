@@ -24,6 +24,7 @@ from jax_specdec.feature_data import (
     spread_windows,
 )
 from jax_specdec.feature_io import load_head, save_head
+from jax_specdec.feature_recipe import DataConfig
 from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
@@ -71,6 +72,27 @@ def test_parts_of_other_windows_are_refused(tmp_path):
     tiny_data(target, tmp_path)
     with pytest.raises(ValueError, match="holds other windows"):
         tiny_data(target, tmp_path, seed=1)
+
+
+def test_extra_parts_and_bad_settings_are_refused(tmp_path):
+    target = tiny_target()
+    data = tiny_data(target, tmp_path)
+    with pytest.raises(ValueError, match="parts beyond"):
+        extract_features(target, data.tokens[:8], tmp_path, batch=8, progress=False)
+    with pytest.raises(ValueError, match="spread applies"):
+        DataConfig(kind="greedy", spread=True)
+    for bad in (0, 9, 2.0, True):
+        with pytest.raises(ValueError, match="unroll"):
+            HeadTrainConfig(unroll=bad)
+    head = new_head(target, data)
+    with pytest.raises(ValueError, match="steps must lie"):
+        agreement(head, data, target.embed[...], steps=16)
+    short = FeatureSet(*(a[:, :4] for a in data))
+    with pytest.raises(ValueError, match="unroll 4 needs windows longer"):
+        train_head(
+            head, target, short, short, HeadTrainConfig(unroll=4), checkpoint_dir=tmp_path / "r"
+        )
+    assert DataConfig(corpus="/some/dir").name != DataConfig().name
 
 
 def test_spread_windows_cover_the_stream():

@@ -86,8 +86,8 @@ def attention(q: jax.Array, parts) -> jax.Array:
 
     Args:
         q: [B, T, H, hd] queries.
-        parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B, T or 1, S_i]
-          bool); every query must see at least one position.
+        parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B or 1, T or 1,
+          S_i] bool); every query must see at least one position.
 
     Returns:
         [B, T, H, hd] float32.

@@ -165,6 +165,8 @@ class FeatureHead(nnx.Module):
           per step, (logits [B, T, K] float32, predicted features [B, T, D]); step s + 1
           at entry i < s has no round behind it.
         """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         rows, cols = jnp.arange(T)[:, None], jnp.arange(T)[None]
