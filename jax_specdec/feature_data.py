@@ -97,19 +97,19 @@ def extract_features(
     extra = {f.name for f in parts.glob("*[0-9].npz")} - {f"{s:08d}.npz" for s in starts}
     if extra:
         raise ValueError(
-            f"{parts} holds {len(extra)} parts beyond the {len(windows)} windows asked "
-            f"for: the directory belongs to another data setting; use a new directory"
+            f"{parts} holds {len(extra)} parts beyond the {len(windows)} windows asked for"
+            + _OTHER_SETTING
         )
     return load_features(directory)
+
+
+_OTHER_SETTING = ": the directory belongs to another data setting; use a new directory"
 
 
 def _check_part(file: pathlib.Path, tokens: np.ndarray) -> None:
     with np.load(file) as part:
         if not np.array_equal(part["tokens"], tokens):
-            raise ValueError(
-                f"{file} holds other windows than the ones asked for: the directory "
-                f"belongs to another data setting; use a new directory"
-            )
+            raise ValueError(f"{file} holds other windows than the ones asked for" + _OTHER_SETTING)
 
 
 def load_features(directory) -> FeatureSet:

@@ -23,7 +23,7 @@ from flax import nnx
 
 from jax_specdec.feature_data import FeatureSet
 from jax_specdec.fit import Fit, fit
-from jax_specdec.nn.feature_head import FeatureHead
+from jax_specdec.nn.feature_head import FeatureHead, previous_features
 
 __all__ = ["HeadTrainConfig", "agreement", "init_from_target", "output_rows", "train_head"]
 
@@ -92,7 +92,7 @@ def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
     features = features.astype(jnp.float32)
     kept_rows = jax.lax.stop_gradient(out_rows[head.vocab_map[...]])  # [K, D]
     soft = jax.nn.softmax(jnp.einsum("btd,kd->btk", features, kept_rows), axis=-1)
-    prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    prev = previous_features(features)
     loss = 0.0
     for s, (logits, predicted) in enumerate(head.unrolled(prev, tokens, embed, config.unroll)):
         ce = optax.softmax_cross_entropy(logits[:, s:], soft[:, s:]).mean()
@@ -114,7 +114,7 @@ def _agree(head, batch, embed, steps: int):
     """Per draft step: how often the head's argmax is the target's greedy token (entries
     whose round has a pending position ≥ 1)."""
     tokens, features, greedy = batch
-    prev = jnp.pad(features[:, :-1].astype(jnp.float32), ((0, 0), (1, 0), (0, 0)))
+    prev = previous_features(features.astype(jnp.float32))
     hits = []
     for s, (logits, _) in enumerate(head.unrolled(prev, tokens, embed, steps)):
         guess = head.vocab_map[...][jnp.argmax(logits, axis=-1)]

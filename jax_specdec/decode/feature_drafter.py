@@ -31,7 +31,7 @@ from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import load_row, new_cache, written_after
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
-from jax_specdec.nn.feature_head import FeatureHead
+from jax_specdec.nn.feature_head import FeatureHead, previous_features
 from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["FeatureCache", "FeatureDraft", "FeatureDrafter", "attach", "tokenizer_sha256"]
@@ -169,7 +169,7 @@ def _prefill(model: FeatureDraft, kv, prompts, prompt_lengths, config, features)
     """The head's entries for the prompts [B, P] written into the empty cache `kv` (valid
     below the prompt lengths), and the chunk of waiting features: the prompt's last."""
     batch = prompts.shape[0]
-    prev = jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))  # f_{i-1}, zeros at 0
+    prev = previous_features(features)
     start = jnp.zeros((batch,), jnp.int32)
     _, _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
     kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)

@@ -34,7 +34,7 @@ from jax_specdec.nn.cache import KVCache
 from jax_specdec.nn.config import TransformerConfig
 from jax_specdec.nn.transformer import Block, Dense, Norm
 
-__all__ = ["FeatureHead", "FeatureHeadConfig"]
+__all__ = ["FeatureHead", "FeatureHeadConfig", "previous_features"]
 
 _F32 = jnp.float32
 
@@ -101,6 +101,12 @@ class FeatureHeadConfig:
         unless `layer` overrides it."""
         fields = {"num_layers": 1, "tie_embeddings": False, **layer}
         return cls(config.replace(**fields), kept, target, tokenizer_sha256)
+
+
+def previous_features(features: jax.Array) -> jax.Array:
+    """[B, T, D] features of positions 0 … T-1 -> the feature before each entry: entry
+    i gets feature i - 1, entry 0 zeros."""
+    return jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
 
 
 class FeatureHead(nnx.Module):
@@ -186,7 +192,7 @@ class FeatureHead(nnx.Module):
             earlier.append(this)
             predicted = self.norm(x)
             out.append((self.logits(predicted), predicted))
-            prev = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))
+            prev = previous_features(predicted)
         return out
 
     def decode_entries(self, prev_features, tokens, embed, cache: KVCache, start, recent=()):
