@@ -31,14 +31,26 @@ def _flat(state: nnx.State) -> dict[str, object]:
     return {".".join(map(str, path)): leaf for path, leaf in nnx.to_flat_state(state)}
 
 
-def save_head(head: FeatureHead, path: str | os.PathLike) -> None:
-    """Writes `head_config.json` and `model.safetensors` into `path` (created)."""
+def save_head(head: FeatureHead, path: str | os.PathLike, dtype: str | None = None) -> None:
+    """Writes `head_config.json` and `model.safetensors` into `path` (created).
+
+    `dtype` ("float16", "float32"; None keeps each tensor's own) stores the floating
+    weights in that type, e.g. to halve a shipped head; `load_head` casts them back to
+    the config's dtype. `vocab_map` stays int32.
+    """
     if not isinstance(head, FeatureHead):
         raise TypeError(f"head must be a FeatureHead, got {type(head).__name__}")
+    if dtype not in (None, "float16", "float32"):
+        raise ValueError(f"dtype must be None, 'float16' or 'float32', got {dtype!r}")
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     flat = _flat(nnx.state(head))
     tensors = {name: np.asarray(leaf.get_value()) for name, leaf in flat.items()}
+    if dtype is not None:
+        tensors = {
+            name: t.astype(dtype) if np.issubdtype(t.dtype, np.floating) else t
+            for name, t in tensors.items()
+        }
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "jax_specdec.feature_head"})
     (directory / CONFIG).write_text(head.config.to_json() + "\n")
 

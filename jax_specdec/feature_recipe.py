@@ -121,12 +121,14 @@ def build_head(
     run_name: str = "head",
     target_name: str = "",
     stop_after: int | None = None,
+    weights_dtype: str | None = None,
 ) -> dict:
     """Builds (or resumes building) a head for `target` and saves it to `out`.
 
     Returns a summary: data, kept-token coverage, training time and steps, and the
     held-out agreement with the target's greedy token per draft step. `stop_after`
     stops the run at that step (the head saved as it is); calling again continues it.
+    `weights_dtype` ("float16") stores the saved head's weights in that type.
     """
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
     from jax_specdec.feature_io import save_head
@@ -148,7 +150,7 @@ def build_head(
     log = train_head(
         head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
     )
-    save_head(head, out)
+    save_head(head, out, dtype=weights_dtype)
     summary = {
         "data": dataclasses.asdict(data),
         "train": dataclasses.asdict(train),

@@ -213,6 +213,24 @@ def test_head_directory_round_trip_and_bad_files(tmp_path):
         load_head(tmp_path)
 
 
+def test_head_saved_in_float16_loads_as_float32(tmp_path):
+    head = FeatureHead(FeatureHeadConfig.for_target(tiny_target().config, 10), rngs=nnx.Rngs(1))
+    head.vocab_map.set_value(jnp.arange(0, 20, 2, dtype=jnp.int32))
+    save_head(head, tmp_path / "half", dtype="float16")
+    save_head(head, tmp_path / "full")
+    half, full = (tmp_path / d / "model.safetensors" for d in ("half", "full"))
+    assert 0.45 < half.stat().st_size / full.stat().st_size < 0.55
+    loaded = load_head(tmp_path / "half")
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(loaded)), strict=True
+    ):
+        assert x.dtype == y.dtype
+        expected = np.asarray(x).astype(np.float16) if x.dtype == jnp.float32 else x
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(expected).astype(y.dtype))
+    with pytest.raises(ValueError, match="dtype"):
+        save_head(head, tmp_path / "bad", dtype="int8")
+
+
 def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     from jax_specdec.cli import main
 

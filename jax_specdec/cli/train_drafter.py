@@ -48,6 +48,12 @@ def add_parser(sub) -> None:
         help="stop at this step and save the head as it is; the same command without it "
         "(or with a later step) continues the run",
     )
+    p.add_argument(
+        "--weights-dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="type of the saved weights (float16 halves the directory; loaded as float32)",
+    )
     p.set_defaults(handler=run, parser=p)
 
 
@@ -103,6 +109,7 @@ def run(args, parser) -> int:
             run_name=args.run_name,
             target_name=str(args.target),
             stop_after=args.stop_after,
+            weights_dtype=args.weights_dtype,
         )
     except (ValueError, FileNotFoundError) as e:
         common.fail(parser, e)
