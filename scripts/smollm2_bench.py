@@ -5,6 +5,7 @@ lookup, all timed interleaved in one process, compilation apart.
     python scripts/smollm2_bench.py --prompts 2        # the batch-1 table of docs/models.md
     python scripts/smollm2_bench.py --batch 8          # one batch of 8 rows (4 prompts x 2)
     python scripts/smollm2_bench.py --temperature 1    # sampling at T = 1 (no top-k/top-p)
+    python scripts/smollm2_bench.py --head models/smollm2-135m-eagle  # the feature head too
     python scripts/smollm2_bench.py --compile-only     # compile times of the main command's
                                                        # programs (run it twice: the second
                                                        # run reads the persistent cache)
@@ -116,14 +117,19 @@ def compile_times(target, tok, new_tokens: int) -> None:
         )
 
 
-def methods(target, hf, n: int, temperature: float, batch: int) -> dict:
-    """Method name -> make(ids) -> a call that generates n tokens for the rows `ids`."""
+def methods(target, hf, n: int, temperature: float, batch: int, head=None) -> dict:
+    """Method name -> make(ids) -> a call that generates n tokens for the rows `ids`;
+    `head`, a feature head attached to `target`, adds its row."""
     from jax_specdec.decode import NGram
 
     t = temperature
     made = {
         "ours, autoregressive": lambda ids: ours(target, ids, n, None, t),
         "ours, n-gram speculative (γ=4)": lambda ids: ours(target, ids, n, NGram(), t),
+    }
+    if head is not None:
+        made["ours, feature head (γ=4)"] = lambda ids: ours(target, ids, n, head, t)
+    made |= {
         "transformers generate": lambda ids: theirs(hf, ids, n, t),
         "transformers prompt lookup (10)": lambda ids: theirs(
             hf, ids, n, t, prompt_lookup_num_tokens=10
@@ -192,6 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--ours-only", action="store_true", help="skip transformers")
+    parser.add_argument("--head", help="a feature head directory to time beside the others")
     args = parser.parse_args(argv)
 
     from jax_specdec import zoo
@@ -215,7 +222,13 @@ def main(argv=None) -> int:
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32
         ).eval()
-    made = methods(target, hf, args.max_new_tokens, args.temperature, args.batch)
+    head = None
+    if args.head:
+        from jax_specdec.decode.feature_drafter import attach
+        from jax_specdec.feature_io import load_head
+
+        head = attach(load_head(args.head), target, tok)
+    made = methods(target, hf, args.max_new_tokens, args.temperature, args.batch, head)
     if args.batch > 1:
         groups = [[PROMPTS[i % args.prompts] for i in range(args.batch)]]
     else:
