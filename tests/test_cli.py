@@ -104,17 +104,21 @@ def test_generate_bad_input_one_line_exit_2(pair, extra, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
-    prompts = tmp_path / "prompts.txt"
+def sweep(target, draft, out, temperatures, capsys):
+    """A small sweep (batch 2, γ 2, 6 tokens) through the CLI: (printed table, JSON)."""
+    prompts = out.parent / "prompts.txt"
     prompts.write_text("def f(x):\\n    return\nimport os\nclass A:\n")
-    out = tmp_path / "sweep"
-    argv = ["sweep", "--target", str(pair / "target"), "--draft", str(pair / "draft")]
-    argv += ["--prompts", str(prompts), "--batches", "2", "--temperatures", "0,1"]
-    argv += ["--gammas", "2", "--max-gamma", "2", "--max-new-tokens", "6", "--repeats", "1"]
+    argv = ["sweep", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts)]
+    argv += ["--batches", "2", "--temperatures", temperatures, "--gammas", "2"]
+    argv += ["--max-gamma", "2", "--max-new-tokens", "6", "--repeats", "1"]
     assert main([*argv, "--out", str(out)]) == 0
-    table = capsys.readouterr().out
+    return capsys.readouterr().out, json.loads((out / "sweep.json").read_text())
+
+
+def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    table, results = sweep(pair / "target", pair / "draft", out, "0,1", capsys)
     assert "| batch | T | best constant γ |" in table
-    results = json.loads((out / "sweep.json").read_text())
     rows = results["rows"]
     # Per temperature: autoregressive, constant γ=2, heuristic, confidence, cost model, n-gram.
     assert len(rows) == 2 * 6
@@ -142,6 +146,32 @@ def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
         "sweep.md",
     ]:
         assert (out / name).stat().st_size > 100, name
+
+
+def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
+    """A head has no confidence schedule: the sweep times the rest, and its draft step."""
+    from flax import nnx
+
+    from jax_specdec.decode.feature_drafter import tokenizer_sha256
+    from jax_specdec.feature_io import save_head
+    from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+
+    target, tokenizer = load_model(pair / "target"), load_tokenizer(pair / "target")
+    config = FeatureHeadConfig.for_target(
+        target.config, 64, tokenizer_sha256=tokenizer_sha256(tokenizer)
+    )
+    head = FeatureHead(config, rngs=nnx.Rngs(2), init_scale=0.3)
+    head.vocab_map.set_value(np.arange(64, dtype=np.int32) * 3)
+    save_head(head, tmp_path / "head")
+    out = tmp_path / "sweep"
+    table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys)
+    names = {r["schedule"] for r in results["rows"]}
+    assert names == {"autoregressive", "constant", "heuristic", "cost_model", "ngram"}
+    assert all(r.get("same_tokens_as_autoregressive", True) for r in results["rows"])
+    (constant,) = [r for r in results["rows"] if r["schedule"] == "constant"]
+    assert constant["gamma_rounds"][2] > 0  # the head drafted
+    assert results["costs"][0]["draft_step_ms"] > 0
+    assert "—" in table and "—" in (out / "sweep.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec.nn import Transformer, init_cache
+from jax_specdec.nn import Transformer, init_cache, write_entries
 
 __all__ = [
     "Measurement",
@@ -89,6 +89,20 @@ def _fill_cache(model: Transformer, batch: int, cache_len: int, context: int):
     return cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
 
 
+def _decode(model, tokens, cache):
+    """One decode call: a Transformer's, or a feature draft's (features of zeros: a draft
+    step costs the same whatever the features hold) with its entries written."""
+    from jax_specdec.decode.feature_drafter import FeatureDraft
+
+    if not isinstance(model, FeatureDraft):
+        return model.decode(tokens, cache)
+    features = jnp.zeros((*tokens.shape, model.embed.shape[1]), jnp.float32)
+    logits, _, keys, values = model.head.decode_entries(
+        features, tokens, model.embed[...], cache, cache.lengths
+    )
+    return logits, write_entries(cache, keys, values, cache.lengths)
+
+
 def decode_step_time(
     model: Transformer,
     *,
@@ -99,7 +113,8 @@ def decode_step_time(
     steps: int = 16,
     repeats: int = 5,
 ) -> Timing:
-    """Time of one `model.decode` of `tokens_per_call` tokens per row at `context`.
+    """Time of one `model.decode` of `tokens_per_call` tokens per row at `context` (a
+    feature draft's head call, when `model` is one).
 
     The cache is rolled back after every call (as a rejected round would), so each of
     the `steps` calls inside the loop does the same work (`decode_step_loop`). Returns
@@ -141,7 +156,7 @@ def decode_step_loop(
 
         def body(_, carry):
             cache, acc = carry
-            logits, new = m.decode(tokens, cache)
+            logits, new = _decode(m, tokens, cache)
             return new.replace(lengths=cache.lengths), acc + logits[:, -1, 0]
 
         return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch,), jnp.float32)))

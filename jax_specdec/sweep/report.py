@@ -15,9 +15,10 @@ __all__ = ["markdown_summary", "summary", "write_report"]
 
 
 def summary(results: dict) -> list[dict]:
-    """Per (batch, temperature): the best constant γ and each dynamic schedule's speedup,
-    and whether the cost model met its goals (never slower than autoregressive, within
-    5% of the best constant γ)."""
+    """Per (batch, temperature): the best constant γ and each dynamic schedule's speedup
+    (confidence None where the drafter has none: a feature head), and whether the cost
+    model met its goals (never slower than autoregressive, within 5% of the best
+    constant γ)."""
     out = []
     keys = sorted({(r["batch"], r["temperature"]) for r in results["rows"]})
     for batch, temperature in keys:
@@ -34,7 +35,7 @@ def summary(results: dict) -> list[dict]:
                 "best_constant_gamma": best["gamma"],
                 "best_constant": best["speedup"],
                 "heuristic": by["heuristic"]["speedup"],
-                "confidence": by["confidence"]["speedup"],
+                "confidence": by["confidence"]["speedup"] if "confidence" in by else None,
                 "cost_model": cost,
                 "cost_model_mean_gamma": by["cost_model"]["mean_gamma"],
                 "ngram": by["ngram"]["speedup"],
@@ -54,7 +55,7 @@ def markdown_summary(results: dict) -> str:
             s["best_constant_gamma"],
             f"{s['best_constant']:.2f}",
             f"{s['heuristic']:.2f}",
-            f"{s['confidence']:.2f}",
+            "—" if s["confidence"] is None else f"{s['confidence']:.2f}",
             f"{s['cost_model']:.2f} ({s['cost_model_mean_gamma']:.1f})",
             f"{s['ngram']:.2f}",
         ]

@@ -22,6 +22,7 @@ import numpy as np
 
 from jax_specdec.bench import expected_tokens_per_round, measure
 from jax_specdec.decode import GenerationStats, Generator, NGram
+from jax_specdec.decode.feature_drafter import FeatureDraft
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import (
@@ -88,8 +89,9 @@ def _run_interleaved(generators, groups, key, max_new_tokens, repeats) -> list[_
     return out
 
 
-def _schedules(gammas, max_gamma, threshold, cost_model):
-    """(name, γ or None, drafts with NGram, schedule) for one setting."""
+def _schedules(gammas, max_gamma, threshold, cost_model, draft):
+    """(name, γ or None, drafts with NGram, schedule) for one setting. A feature head
+    has no confidence schedule (the Generator refuses it), so none is timed."""
     rows = [("constant", g, False, Constant(g)) for g in gammas]
     rows += [
         ("heuristic", None, False, Heuristic(initial=min(4, max_gamma), max_gamma=max_gamma)),
@@ -97,6 +99,8 @@ def _schedules(gammas, max_gamma, threshold, cost_model):
         ("cost_model", None, False, cost_model),
         ("ngram", None, True, Heuristic(initial=min(2, max_gamma), max_gamma=max_gamma)),
     ]
+    if isinstance(draft, FeatureDraft):
+        rows = [r for r in rows if r[0] != "confidence"]
     return rows
 
 
@@ -159,7 +163,7 @@ def _temperature(target, draft, groups, temperature, parts, sweep: dict) -> tupl
         f"round_ms_t{temperature:g}": [1e3 * c for c in cost.verify_costs],
         f"prior_alpha_t{temperature:g}": cost.prior_alpha,
     }
-    settings = _schedules(sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost)
+    settings = _schedules(sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost, draft)
     generators = [Generator(target, sampling=sampling)]
     generators += [
         Generator(target, NGram() if ngram else draft, schedule=schedule, sampling=sampling)
@@ -203,7 +207,7 @@ def _switch(target, draft, groups, batch, sweep: dict) -> dict:
 
 def run_sweep(
     target: Transformer,
-    draft: Transformer,
+    draft,
     prompts: list[list[int]],
     *,
     batches=(1, 8, 32, 64),
@@ -219,8 +223,10 @@ def run_sweep(
 ) -> dict:
     """Times every schedule against autoregressive decoding; see the module docstring.
 
-    Rows of a batch cycle through `prompts`; batches smaller than `min_rows` are run on
-    several prompt groups (batch 1 on `min_rows` prompts) and their times summed.
+    `draft` is a draft model or a feature head attached to the target (`attach`; it has
+    no confidence schedule). Rows of a batch cycle through `prompts`; batches smaller
+    than `min_rows` are run on several prompt groups (batch 1 on `min_rows` prompts)
+    and their times summed.
     Returns a dict with the settings, one row per (batch, temperature, schedule) and
     the γ = 2 switch check per batch.
     """
