@@ -1,9 +1,11 @@
-"""A feature head in the loop on its target: acceptance per draft position, tokens per
-round, and speed against our own autoregressive decoding (interleaved runs, medians,
-compilation apart), on prompts from the standard-library files held out of training.
+"""A feature head (or a standalone draft model) in the loop on its target: acceptance per
+draft position, tokens per round, and speed against our own autoregressive decoding
+(interleaved runs, medians, compilation apart), on prompts from the standard-library
+files held out of training.
 
   python scripts/head_bench.py --target smollm2-135m --head models/smollm2-135m-eagle \
       --gamma 4 --batch 1 --max-new-tokens 128
+  python scripts/head_bench.py --target smollm2-135m --draft DRAFT_DIR --gamma 4
 """
 
 from __future__ import annotations
@@ -83,10 +85,22 @@ def reference_acceptance(target, draft, prompt, new_tokens, gamma, width) -> lis
     return accepted
 
 
+def load_drafter(args, target, tokenizer):
+    """The feature head of --head attached to the target, or the draft model of --draft
+    (refused unless its tokenizer is the target's)."""
+    if args.head is not None:
+        return attach(load_head(args.head), target, tokenizer)
+    if load_tokenizer(args.draft).to_str() != tokenizer.to_str():
+        raise SystemExit(f"--draft {args.draft}: its tokenizer is not {args.target}'s")
+    return load_model(args.draft)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m")
-    p.add_argument("--head", required=True)
+    drafter = p.add_mutually_exclusive_group(required=True)
+    drafter.add_argument("--head", help="a feature head's directory")
+    drafter.add_argument("--draft", help="a draft model's directory (same tokenizer)")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompts", type=int, default=4, help="prompts (batches of --batch)")
@@ -102,12 +116,12 @@ def main() -> None:
         help="greedy: check each batch's first row against full re-runs of the head",
     )
     args = p.parse_args()
-    if args.reference and args.temperature != 0:
-        p.error("--reference replays greedy rounds: use it with --temperature 0")
+    if args.reference and (args.temperature != 0 or args.head is None):
+        p.error("--reference replays a head's greedy rounds: use it with --head, --temperature 0")
     zoo.enable_compilation_cache(True)
     path = zoo.resolve(args.target)
     target, tokenizer = load_model(path), load_tokenizer(path)
-    draft = attach(load_head(args.head), target, tokenizer)
+    draft = load_drafter(args, target, tokenizer)
     prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len)
     sampling = SamplingConfig(args.temperature)
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
