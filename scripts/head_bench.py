@@ -22,9 +22,6 @@ from flax import nnx
 from jax_specdec import Generator, NGram, SamplingConfig, zoo
 from jax_specdec.bench import measure
 from jax_specdec.data import stdlib_corpus
-from jax_specdec.decode.feature_drafter import attach
-from jax_specdec.feature_io import load_head
-from jax_specdec.hf import load_model, load_tokenizer
 
 
 def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
@@ -85,14 +82,17 @@ def reference_acceptance(target, draft, prompt, new_tokens, gamma, width) -> lis
     return accepted
 
 
-def load_drafter(args, target, tokenizer):
-    """The feature head of --head attached to the target, or the draft model of --draft
-    (refused unless its tokenizer is the target's)."""
-    if args.head is not None:
-        return attach(load_head(args.head), target, tokenizer)
-    if load_tokenizer(args.draft).to_str() != tokenizer.to_str():
-        raise SystemExit(f"--draft {args.draft}: its tokenizer is not {args.target}'s")
-    return load_model(args.draft)
+def load_drafter(args):
+    """(target, drafter, tokenizer): the feature head of --head attached to the target,
+    or the draft model of --draft, through the CLI's loader (which refuses a draft
+    whose tokenizer is not the target's)."""
+    from jax_specdec.cli.common import load_pair
+
+    pair = argparse.Namespace(target=args.target, draft=args.head or args.draft)
+    try:
+        return load_pair(pair)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main() -> None:
@@ -119,9 +119,7 @@ def main() -> None:
     if args.reference and (args.temperature != 0 or args.head is None):
         p.error("--reference replays a head's greedy rounds: use it with --head, --temperature 0")
     zoo.enable_compilation_cache(True)
-    path = zoo.resolve(args.target)
-    target, tokenizer = load_model(path), load_tokenizer(path)
-    draft = load_drafter(args, target, tokenizer)
+    target, draft, tokenizer = load_drafter(args)
     prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len)
     sampling = SamplingConfig(args.temperature)
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
