@@ -115,17 +115,26 @@ def captured(timer, *args, **kwargs):
 
 @contextlib.contextmanager
 def formulation(name: str):
-    """ "after": the code as it is; "before": full-cache attention, P.V in the old order."""
-    if name == "after":
-        yield
-        return
+    """ "after": the code as it is; "xla-matmul": the same with XLA's own products instead
+    of the small-matmul kernel (jax_specdec/nn/small_matmul.py); "before": also
+    full-cache attention and P.V in the old order (the code before issue 16)."""
+    if name not in ("after", "xla-matmul", "before"):
+        raise ValueError(f"unknown variant {name!r}")
+    saved_env = os.environ.get("JAX_SPECDEC_SMALL_MATMUL")
     block, weighted = attention.LIVE_BLOCK, attention._weighted
-    attention.LIVE_BLOCK = 1 << 30
-    attention._weighted = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)
+    if name != "after":
+        os.environ["JAX_SPECDEC_SMALL_MATMUL"] = "0"
+    if name == "before":
+        attention.LIVE_BLOCK = 1 << 30
+        attention._weighted = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)
     try:
         yield
     finally:
         attention.LIVE_BLOCK, attention._weighted = block, weighted
+        if saved_env is None:
+            os.environ.pop("JAX_SPECDEC_SMALL_MATMUL", None)
+        else:
+            os.environ["JAX_SPECDEC_SMALL_MATMUL"] = saved_env
 
 
 def measure(model, cases, variants, repeats: int, steps: int) -> dict:

@@ -32,6 +32,7 @@ from jax_specdec.nn.attention import (
 )
 from jax_specdec.nn.cache import KVCache
 from jax_specdec.nn.config import TransformerConfig
+from jax_specdec.nn.small_matmul import matmul
 from jax_specdec.nn.transformer import Block, Dense, Norm
 
 __all__ = ["FeatureHead", "FeatureHeadConfig", "previous_features"]
@@ -131,7 +132,7 @@ class FeatureHead(nnx.Module):
     def logits(self, predicted: jax.Array) -> jax.Array:
         """[B, T, D] predicted features -> [B, T, K] float32 logits of the kept tokens."""
         head = self.lm_head[...].astype(predicted.dtype)
-        return jnp.einsum("btd,dk->btk", predicted, head, preferred_element_type=_F32)
+        return matmul(predicted, head).astype(_F32)
 
     def _inputs(self, prev_features, tokens, embed):
         dtype = self.config.layer.jnp_dtype

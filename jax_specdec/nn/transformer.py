@@ -25,6 +25,7 @@ from jax_specdec.nn.attention import (
 )
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
+from jax_specdec.nn.small_matmul import matmul, matmul_t
 
 _F32 = jnp.float32
 
@@ -39,7 +40,7 @@ class Dense(nnx.Module):
         self.dtype = config.jnp_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = x @ self.kernel[...].astype(self.dtype)
+        y = matmul(x, self.kernel[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -200,12 +201,8 @@ class Transformer(nnx.Module):
         """Logits [B, T, V] float32 of the final-normed hidden states x [B, T, D]."""
         dtype = self.config.jnp_dtype
         if self.lm_head is None:
-            return jnp.einsum(
-                "btd,vd->btv", x, self.embed[...].astype(dtype), preferred_element_type=_F32
-            )
-        return jnp.einsum(
-            "btd,dv->btv", x, self.lm_head[...].astype(dtype), preferred_element_type=_F32
-        )
+            return matmul_t(x, self.embed[...].astype(dtype))
+        return matmul(x, self.lm_head[...].astype(dtype)).astype(_F32)
 
     # --------------------------------------------------------------- forwards
 

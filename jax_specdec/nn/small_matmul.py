@@ -1,0 +1,164 @@
+"""Products of a few float32 rows with a weight matrix, on XLA:CPU, as a custom call.
+
+A decode step multiplies one row per sequence by every weight matrix and a verify call
+γ + 1 rows; both are bound by reading the weights from memory once. XLA:CPU computes
+the one-row product as a matrix-vector product that streams the weights, but hands 2 or
+more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
+1.5-2x a one-row step (docs/step_cost.md). `small_matmul.cc` reads each weight once for
+all rows (8 at a time over a block of weights in cache) and splits the columns over
+XLA's own thread pool.
+
+`matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
+embedding as the LM head) use the kernel when it applies: float32 operands, at most
+`MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment variable
+`JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they are the plain
+jnp products. The kernel sums every output element in the same order whatever the
+number of rows, so a verify call's rows equal the same rows computed one at a time.
+
+The library is compiled on first use with the system's C++ compiler (`$CXX`, else
+`c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
+the source, the flags, the CPU and jaxlib's version. Without a compiler, or if the
+build fails, a warning says so once and the plain products are used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["MAX_ROWS", "MAX_ROWS_T", "available", "matmul", "matmul_t", "uses_kernel"]
+
+#: the most rows (product of x's leading dimensions) `matmul` sends to the kernel. The
+#: kernel takes up to 64 and beat XLA's GEMM at 12-40 rows on MLP-sized matrices alone,
+#: but in the SmolLM2 verify at batch 4 and 8 (20 and 40 rows) it was 1.15x and 1.31x
+#: slower: the 192-column k/v projections run on one thread (columns are split in
+#: pieces of at least 256). Above 8 rows XLA's products are used until that is fixed.
+MAX_ROWS = 8
+#: the same for `matmul_t` (the LM head).
+MAX_ROWS_T = 8
+_SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+_TARGETS = {"SmallMatmul": "jax_specdec_small_matmul", "SmallMatmulT": "jax_specdec_small_matmul_t"}
+
+
+def _cpu_id() -> str:
+    """What `-march=native` depends on: the CPU's model and feature flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _build(out: pathlib.Path) -> None:
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH; set CXX)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = pathlib.Path(tmp) / out.name
+        command = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(built)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        os.replace(built, out)  # atomic: concurrent processes see the whole file or none
+
+
+@functools.cache
+def _library() -> bool:
+    """Builds (once per machine) and registers the kernels; False if that fails."""
+    import jaxlib
+
+    from jax_specdec.zoo import cache_dir
+
+    key = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_id().encode()):
+        key.update(part)
+    key.update(jaxlib.__version__.encode())
+    out = cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
+    try:
+        if not out.exists():
+            _build(out)
+        library = ctypes.cdll.LoadLibrary(str(out))
+        for symbol, name in _TARGETS.items():
+            capsule = jax.ffi.pycapsule(getattr(library, symbol))
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    except (OSError, RuntimeError, AttributeError) as e:
+        warnings.warn(
+            f"jax_specdec: the small-matmul kernel is not available ({e}); using XLA's "
+            "products (a verify call then costs more on CPU)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def available() -> bool:
+    """Whether the kernel is built and registered (builds it on first call)."""
+    return _library()
+
+
+def uses_kernel(x: jax.Array, w: jax.Array, max_rows: int = MAX_ROWS) -> bool:
+    """Whether `matmul(x, w)` (`matmul_t(x, w)` with `max_rows=MAX_ROWS_T`) takes the
+    kernel (decided at trace time)."""
+    rows = x.size // x.shape[-1] if x.shape[-1] else 0
+    return (
+        os.environ.get("JAX_SPECDEC_SMALL_MATMUL", "1") != "0"
+        and x.dtype == jnp.float32
+        and w.dtype == jnp.float32
+        and 1 <= rows <= max_rows
+        and jax.default_backend() == "cpu"
+        and _library()
+    )
+
+
+def _call(name: str, x: jax.Array, w: jax.Array, n: int) -> jax.Array:
+    rows = x.reshape(-1, x.shape[-1])
+    out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
+    y = jax.ffi.ffi_call(name, out, vmap_method="sequential")(rows, w)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _with_jvp(target: str, outputs, product):
+    """The custom call `target` as a function of (x, w), differentiable: its JVP is
+    `product` (the same product in plain jnp) of the tangents."""
+
+    @jax.custom_jvp
+    def kernel(x, w):
+        return _call(target, x, w, outputs(w))
+
+    @kernel.defjvp
+    def _jvp(primals, tangents):
+        (x, w), (dx, dw) = primals, tangents
+        return kernel(x, w), product(dx, w) + product(x, dw)
+
+    return kernel
+
+
+_kernel = _with_jvp(_TARGETS["SmallMatmul"], lambda w: w.shape[1], jnp.matmul)
+_kernel_t = _with_jvp(_TARGETS["SmallMatmulT"], lambda e: e.shape[0], lambda x, e: x @ e.T)
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies."""
+    return _kernel(x, w) if uses_kernel(x, w) else x @ w
+
+
+def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array:
+    """x [..., D] @ e [V, D]ᵀ -> [..., V] float32, through the kernel where it applies."""
+    if uses_kernel(x, e, MAX_ROWS_T):
+        return _kernel_t(x, e)
+    return jnp.einsum("...d,vd->...v", x, e, preferred_element_type=jnp.float32)

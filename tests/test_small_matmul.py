@@ -1,0 +1,114 @@
+"""The small-matmul custom call (jax_specdec/nn/small_matmul.cc): the products it
+computes, the rows it takes, its gradient, and that the model's decode uses it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache, small_matmul
+
+pytestmark = pytest.mark.skipif(
+    not small_matmul.available(), reason="the small-matmul kernel could not be built here"
+)
+
+# (leading dims, K, N): every row count 1-8 (6-8 take two vectors of columns per pass),
+# more rows (taken in groups over the same weights), 16-column tails, K not a multiple of
+# 8, one column, the model's shapes.
+SHAPES = [
+    ((3, 4), 100, 700),
+    ((17,), 200, 97),
+    ((8, 5), 576, 1536),
+    ((2, 32), 33, 17),
+    ((2,), 33, 17),
+    ((3,), 200, 96),
+    ((4,), 256, 256),
+    ((1,), 64, 48),
+    ((2, 3), 577, 1539),
+    ((8,), 13, 1),
+    ((6,), 64, 48),
+    ((1, 5), 576, 1536),
+    ((4, 2), 1536, 577),
+    ((7,), 100, 700),
+]
+
+
+def _data(lead, k, n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, k), np.float32)
+    w = rng.standard_normal((k, n), np.float32)
+    return jnp.asarray(x), jnp.asarray(w)
+
+
+@pytest.mark.parametrize("lead,k,n", SHAPES)
+def test_products_match_float64(lead, k, n):
+    """The kernels themselves (`_kernel`, `_kernel_t`), at every row count up to 64."""
+    x, w = _data(lead, k, n)
+    e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))  # [N, K]: x @ e.T = x @ w
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    tol = 2e-6 * np.sqrt(k) * np.abs(want).max()
+    for fn, weight in ((small_matmul._kernel, w), (small_matmul._kernel_t, e)):
+        got = jax.jit(fn)(x, weight)
+        assert got.shape == (*lead, n) and got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("lead,k,n", SHAPES)
+def test_rows_equal_the_same_rows_one_at_a_time(lead, k, n):
+    """A verify call's rows are bit for bit the rows of one-token steps."""
+    x, w = _data(lead, k, n, seed=1)
+    e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
+    rows = x.reshape(-1, k)
+    for fn, weight in ((small_matmul._kernel, w), (small_matmul._kernel_t, e)):
+        together = jax.jit(fn)(rows, weight)
+        alone = jnp.concatenate([jax.jit(fn)(rows[i : i + 1], weight) for i in range(len(rows))])
+        np.testing.assert_array_equal(together, alone)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 40])
+def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
+    x, w = _data((rows,), 24, 40, seed=3)
+    e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    for fn, weight, limit in (
+        (small_matmul.matmul, w, small_matmul.MAX_ROWS),
+        (small_matmul.matmul_t, e, small_matmul.MAX_ROWS_T),
+    ):
+        assert small_matmul.uses_kernel(x, weight, limit) == (rows <= limit)
+        hlo = jax.jit(fn).lower(x, weight).as_text()
+        assert ("@jax_specdec_small_matmul" in hlo) == (rows <= limit)
+        np.testing.assert_allclose(jax.jit(fn)(x, weight), want, rtol=1e-5, atol=1e-5)
+
+
+def test_what_takes_the_kernel(monkeypatch):
+    x, w = _data((2, 4), 32, 16)
+    assert small_matmul.uses_kernel(x, w)
+    assert not small_matmul.uses_kernel(jnp.zeros((small_matmul.MAX_ROWS + 1, 32)), w)
+    assert not small_matmul.uses_kernel(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert not small_matmul.uses_kernel(jnp.zeros((0, 32)), w)
+    monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")
+    assert not small_matmul.uses_kernel(x, w)
+    np.testing.assert_array_equal(small_matmul.matmul(x, w), x @ w)
+
+
+def test_gradient_is_the_products():
+    x, w = _data((3,), 40, 24, seed=2)
+
+    def loss(fn):
+        return lambda x, w: jnp.sum(jnp.sin(fn(x, w)))
+
+    got = jax.grad(loss(small_matmul.matmul), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
+
+
+def test_the_models_decode_calls_it():
+    config = TransformerConfig.tiny(vocab_size=64, num_layers=1, tie_embeddings=True)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    cache: KVCache = init_cache(config, batch=1, max_len=16)
+    tokens = jnp.ones((1, 5), jnp.int32)
+    hlo = jax.jit(lambda t, c: model.decode(t, c)).lower(tokens, cache).as_text()
+    assert hlo.count("@jax_specdec_small_matmul_t(") == 1  # the tied LM head
+    assert hlo.count("@jax_specdec_small_matmul(") == 7  # q, k, v, o, gate, up, down
