@@ -1,6 +1,9 @@
 """The small-matmul custom call (jax_specdec/nn/small_matmul.cc): the products it
 computes, the rows it takes, its gradient, and that the model's decode uses it."""
 
+import os
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +12,16 @@ from flax import nnx
 
 from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache, small_matmul
 
+# Without a C++ compiler the kernel cannot be built and the products are XLA's; with one,
+# a build that fails is a failure here, not a skip.
 pytestmark = pytest.mark.skipif(
-    not small_matmul.available(), reason="the small-matmul kernel could not be built here"
+    shutil.which(os.environ.get("CXX") or "c++") is None, reason="no C++ compiler"
 )
+
+
+def test_the_kernel_builds():
+    assert small_matmul.available()
+
 
 # (leading dims, K, N): every row count 1-8 (6-8 take two vectors of columns per pass),
 # more rows (taken in groups over the same weights), 16-column tails, K not a multiple of
@@ -75,7 +85,8 @@ def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
         (small_matmul.matmul, w, small_matmul.MAX_ROWS),
         (small_matmul.matmul_t, e, small_matmul.MAX_ROWS_T),
     ):
-        assert small_matmul.uses_kernel(x, weight, limit) == (rows <= limit)
+        transposed = fn is small_matmul.matmul_t
+        assert small_matmul.uses_kernel(x, weight, transposed) == (rows <= limit)
         hlo = jax.jit(fn).lower(x, weight).as_text()
         assert ("@jax_specdec_small_matmul" in hlo) == (rows <= limit)
         np.testing.assert_allclose(jax.jit(fn)(x, weight), want, rtol=1e-5, atol=1e-5)
@@ -84,24 +95,45 @@ def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
 def test_what_takes_the_kernel(monkeypatch):
     x, w = _data((2, 4), 32, 16)
     assert small_matmul.uses_kernel(x, w)
+    assert small_matmul.uses_kernel(x, w.T, transposed=True)
     assert not small_matmul.uses_kernel(jnp.zeros((small_matmul.MAX_ROWS + 1, 32)), w)
     assert not small_matmul.uses_kernel(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     assert not small_matmul.uses_kernel(jnp.zeros((0, 32)), w)
+    assert not small_matmul.uses_kernel(x, w[:16])  # inner sizes differ: jnp says so
+    with pytest.raises((TypeError, ValueError)):
+        small_matmul.matmul(x, w[:16])
+    with pytest.raises((TypeError, ValueError)):
+        small_matmul.matmul_t(x, w[:16])
+    assert small_matmul.matmul(x, w[:, :0]).shape == (2, 4, 0)  # no outputs: jnp
     monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")
     assert not small_matmul.uses_kernel(x, w)
     np.testing.assert_array_equal(small_matmul.matmul(x, w), x @ w)
 
 
+def test_bfloat16_products_keep_float32_logits():
+    x, w = _data((1, 3), 32, 16)
+    x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    got = small_matmul.matmul(x, w, preferred_element_type=jnp.float32)
+    want = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+
+
 def test_gradient_is_the_products():
     x, w = _data((3,), 40, 24, seed=2)
+    e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
 
     def loss(fn):
         return lambda x, w: jnp.sum(jnp.sin(fn(x, w)))
 
-    got = jax.grad(loss(small_matmul.matmul), argnums=(0, 1))(x, w)
-    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
-    for g, h in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
+    for kernel, plain, weight in (
+        (small_matmul.matmul, jnp.matmul, w),
+        (small_matmul.matmul_t, lambda x, e: x @ e.T, e),
+    ):
+        got = jax.grad(loss(kernel), argnums=(0, 1))(x, weight)
+        want = jax.grad(loss(plain), argnums=(0, 1))(x, weight)
+        for g, h in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
 
 
 def test_the_models_decode_calls_it():
@@ -112,3 +144,15 @@ def test_the_models_decode_calls_it():
     hlo = jax.jit(lambda t, c: model.decode(t, c)).lower(tokens, cache).as_text()
     assert hlo.count("@jax_specdec_small_matmul_t(") == 1  # the tied LM head
     assert hlo.count("@jax_specdec_small_matmul(") == 7  # q, k, v, o, gate, up, down
+
+
+def test_bfloat16_models_give_float32_logits():
+    """The untied LM head of a bfloat16 model accumulates in float32 (XLA's product)."""
+    config = TransformerConfig.tiny(vocab_size=64, num_layers=1, dtype="bfloat16")
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    logits = model(jnp.ones((1, 4), jnp.int32))
+    assert logits.dtype == jnp.float32
+    h = jnp.ones((1, 4, config.d_model), jnp.bfloat16)
+    head = model.lm_head[...].astype(jnp.bfloat16)
+    want = jnp.einsum("btd,dv->btv", h, head, preferred_element_type=jnp.float32)
+    np.testing.assert_array_equal(model._logits(h), want)

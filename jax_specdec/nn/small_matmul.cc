@@ -228,9 +228,15 @@ ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<
   if (dims.size() != 2) return ffi::Error::InvalidArgument("the weight must be 2-D");
   const int64_t inner = transposed ? dims[1] : dims[0];
   const int64_t outer = transposed ? dims[0] : dims[1];
+  const auto x_dims = x.dimensions();
+  if (x_dims.size() == 0 || x_dims.back() != inner)
+    return ffi::Error::InvalidArgument("x's last dimension must be the weight's inner size");
   const int64_t M = inner == 0 ? 0 : x.element_count() / inner;
-  if (M < 1 || M > kMaxRows || M * inner != x.element_count())
-    return ffi::Error::InvalidArgument("x must hold 1 to 64 rows of the weight's inner size");
+  if (M < 1 || M > kMaxRows)
+    return ffi::Error::InvalidArgument("x must hold 1 to 64 rows");
+  if (y->element_count() != M * outer)
+    return ffi::Error::InvalidArgument("the result must hold rows x outputs");
+  if (outer == 0) return ffi::Error::Success();
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* yp = y->typed_data();

@@ -5,8 +5,7 @@ A decode step multiplies one row per sequence by every weight matrix and a verif
 the one-row product as a matrix-vector product that streams the weights, but hands 2 or
 more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
 1.5-2x a one-row step (docs/step_cost.md). `small_matmul.cc` reads each weight once for
-all rows (8 at a time over a block of weights in cache) and splits the columns over
-XLA's own thread pool.
+all rows and splits the columns over XLA's own thread pool.
 
 `matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
 embedding as the LM head) use the kernel when it applies: float32 operands, at most
@@ -48,7 +47,9 @@ MAX_ROWS = 8
 #: the same for `matmul_t` (the LM head).
 MAX_ROWS_T = 8
 _SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+# -ffp-contract=fast (GCC's default, spelled out): the vector and scalar paths of a
+# column both fuse multiply-add, which keeps a row's sums the same whatever M is.
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
 _TARGETS = {"SmallMatmul": "jax_specdec_small_matmul", "SmallMatmulT": "jax_specdec_small_matmul_t"}
 
 
@@ -62,8 +63,7 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def _build(out: pathlib.Path) -> None:
-    compiler = os.environ.get("CXX") or "c++"
+def _build(out: pathlib.Path, compiler: str) -> None:
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH; set CXX)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -83,14 +83,15 @@ def _library() -> bool:
 
     from jax_specdec.zoo import cache_dir
 
-    key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_id().encode()):
-        key.update(part)
-    key.update(jaxlib.__version__.encode())
-    out = cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
     try:
+        key = hashlib.sha256()
+        compiler = os.environ.get("CXX") or "c++"
+        for part in (_SOURCE.read_bytes(), " ".join((compiler, *_FLAGS)), _cpu_id()):
+            key.update(part if isinstance(part, bytes) else part.encode())
+        key.update(jaxlib.__version__.encode())
+        out = cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
         if not out.exists():
-            _build(out)
+            _build(out, compiler)
         library = ctypes.cdll.LoadLibrary(str(out))
         for symbol, name in _TARGETS.items():
             capsule = jax.ffi.pycapsule(getattr(library, symbol))
@@ -111,15 +112,19 @@ def available() -> bool:
     return _library()
 
 
-def uses_kernel(x: jax.Array, w: jax.Array, max_rows: int = MAX_ROWS) -> bool:
-    """Whether `matmul(x, w)` (`matmul_t(x, w)` with `max_rows=MAX_ROWS_T`) takes the
-    kernel (decided at trace time)."""
-    rows = x.size // x.shape[-1] if x.shape[-1] else 0
+def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
+    """Whether `matmul(x, w)` (`matmul_t(x, w)` when `transposed`) takes the kernel
+    (decided at trace time). Shapes that do not fit are left to jnp, which says why."""
+    inner, outer = (1, 0) if transposed else (0, 1)
+    rows = x.size // x.shape[-1] if x.ndim and x.shape[-1] else 0
     return (
         os.environ.get("JAX_SPECDEC_SMALL_MATMUL", "1") != "0"
         and x.dtype == jnp.float32
         and w.dtype == jnp.float32
-        and 1 <= rows <= max_rows
+        and w.ndim == 2
+        and w.shape[inner] == x.shape[-1]
+        and w.shape[outer] > 0
+        and 1 <= rows <= (MAX_ROWS_T if transposed else MAX_ROWS)
         and jax.default_backend() == "cpu"
         and _library()
     )
@@ -152,13 +157,16 @@ _kernel = _with_jvp(_TARGETS["SmallMatmul"], lambda w: w.shape[1], jnp.matmul)
 _kernel_t = _with_jvp(_TARGETS["SmallMatmulT"], lambda e: e.shape[0], lambda x, e: x @ e.T)
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies."""
-    return _kernel(x, w) if uses_kernel(x, w) else x @ w
+def matmul(x: jax.Array, w: jax.Array, preferred_element_type=None) -> jax.Array:
+    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies (float32
+    in, float32 out); otherwise `jnp.matmul` with `preferred_element_type`."""
+    if uses_kernel(x, w):
+        return _kernel(x, w)
+    return jnp.matmul(x, w, preferred_element_type=preferred_element_type)
 
 
 def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array:
     """x [..., D] @ e [V, D]ᵀ -> [..., V] float32, through the kernel where it applies."""
-    if uses_kernel(x, e, MAX_ROWS_T):
+    if uses_kernel(x, e, transposed=True):
         return _kernel_t(x, e)
     return jnp.einsum("...d,vd->...v", x, e, preferred_element_type=jnp.float32)

@@ -202,7 +202,7 @@ class Transformer(nnx.Module):
         dtype = self.config.jnp_dtype
         if self.lm_head is None:
             return matmul_t(x, self.embed[...].astype(dtype))
-        return matmul(x, self.lm_head[...].astype(dtype)).astype(_F32)
+        return matmul(x, self.lm_head[...].astype(dtype), preferred_element_type=_F32)
 
     # --------------------------------------------------------------- forwards
 
