@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -120,21 +121,13 @@ def formulation(name: str):
     full-cache attention and P.V in the old order (the code before issue 16)."""
     if name not in ("after", "xla-matmul", "before"):
         raise ValueError(f"unknown variant {name!r}")
-    saved_env = os.environ.get("JAX_SPECDEC_SMALL_MATMUL")
-    block, weighted = attention.LIVE_BLOCK, attention._weighted
-    if name != "after":
-        os.environ["JAX_SPECDEC_SMALL_MATMUL"] = "0"
-    if name == "before":
-        attention.LIVE_BLOCK = 1 << 30
-        attention._weighted = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)
-    try:
+    env = {} if name == "after" else {"JAX_SPECDEC_SMALL_MATMUL": "0"}
+    with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
+        if name == "before":
+            stack.enter_context(mock.patch.object(attention, "LIVE_BLOCK", 1 << 30))
+            old_pv = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)
+            stack.enter_context(mock.patch.object(attention, "_weighted", old_pv))
         yield
-    finally:
-        attention.LIVE_BLOCK, attention._weighted = block, weighted
-        if saved_env is None:
-            os.environ.pop("JAX_SPECDEC_SMALL_MATMUL", None)
-        else:
-            os.environ["JAX_SPECDEC_SMALL_MATMUL"] = saved_env
 
 
 def measure(model, cases, variants, repeats: int, steps: int) -> dict:
