@@ -19,13 +19,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    """The tests that call the kernels directly need them registered (any test alone)."""
+    small_matmul.available()
+
+
 def test_the_kernel_builds():
     assert small_matmul.available()
 
 
 # (leading dims, K, N): every row count 1-8 (6-8 take two vectors of columns per pass),
-# more rows (taken in groups over the same weights), 16-column tails, K not a multiple of
-# 8, one column, the model's shapes.
+# more rows (tiles of 6 rows over packed strips of w; the LM head turned around), tails
+# of columns and of rows of e, K not a multiple of 8 or of the tiles' depth, one column,
+# the model's shapes.
 SHAPES = [
     ((3, 4), 100, 700),
     ((17,), 200, 97),
@@ -41,6 +48,7 @@ SHAPES = [
     ((1, 5), 576, 1536),
     ((4, 2), 1536, 577),
     ((7,), 100, 700),
+    ((10,), 300, 200),
 ]
 
 
@@ -66,17 +74,20 @@ def test_products_match_float64(lead, k, n):
 
 @pytest.mark.parametrize("lead,k,n", SHAPES)
 def test_rows_equal_the_same_rows_one_at_a_time(lead, k, n):
-    """A verify call's rows are bit for bit the rows of one-token steps."""
+    """A verify call's rows are bit for bit the rows of one-token steps: for `matmul` at
+    every row count, for the LM head (`matmul_t`) up to 8 rows (more rows take tiles
+    that sum in another order, as XLA's products do)."""
     x, w = _data(lead, k, n, seed=1)
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
     rows = x.reshape(-1, k)
-    for fn, weight in ((small_matmul._kernel, w), (small_matmul._kernel_t, e)):
+    pairs = [(small_matmul._kernel, w)] + [(small_matmul._kernel_t, e)] * (len(rows) <= 8)
+    for fn, weight in pairs:
         together = jax.jit(fn)(rows, weight)
         alone = jnp.concatenate([jax.jit(fn)(rows[i : i + 1], weight) for i in range(len(rows))])
         np.testing.assert_array_equal(together, alone)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 40, 64, 65])
 def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
     x, w = _data((rows,), 24, 40, seed=3)
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))

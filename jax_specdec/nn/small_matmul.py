@@ -11,8 +11,9 @@ all rows and splits the columns over XLA's own thread pool.
 embedding as the LM head) use the kernel when it applies: float32 operands, at most
 `MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment variable
 `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they are the plain
-jnp products. The kernel sums every output element in the same order whatever the
-number of rows, so a verify call's rows equal the same rows computed one at a time.
+jnp products. `matmul` sums every output element in the same order whatever the
+number of rows, so a verify call's rows equal the same rows computed one at a time;
+`matmul_t` does so up to 8 rows.
 
 The library is compiled on first use with the system's C++ compiler (`$CXX`, else
 `c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
@@ -38,17 +39,18 @@ import jax.numpy as jnp
 
 __all__ = ["MAX_ROWS", "MAX_ROWS_T", "available", "matmul", "matmul_t", "uses_kernel"]
 
-#: the most rows (product of x's leading dimensions) `matmul` sends to the kernel. The
-#: kernel takes up to 64 and beat XLA's GEMM at 12-40 rows on MLP-sized matrices alone,
-#: but in the SmolLM2 verify at batch 4 and 8 (20 and 40 rows) it was 1.15x and 1.31x
-#: slower: the 192-column k/v projections run on one thread (columns are split in
-#: pieces of at least 256). Above 8 rows XLA's products are used until that is fixed.
-MAX_ROWS = 8
-#: the same for `matmul_t` (the LM head).
-MAX_ROWS_T = 8
+#: the most rows (product of x's leading dimensions) `matmul` sends to the kernel. Up
+#: to 8 rows it streams the weights once for all rows (memory-bound); more rows (a
+#: verify at batch 2 and up) take register tiles over packed strips of the weights
+#: (arithmetic-bound): in the SmolLM2 verify at batch 8 (40 rows) 0.82x XLA's products
+#: (docs/step_cost.md, run 8).
+MAX_ROWS = 64
+#: the same for `matmul_t` (the LM head): above 8 rows the product is computed turned
+#: around (eᵀ's rows as the tiles' rows), summed in another order than up to 8 rows.
+MAX_ROWS_T = 64
 _SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")
-# -ffp-contract=fast (GCC's default, spelled out): the vector and scalar paths of a
-# column both fuse multiply-add, which keeps a row's sums the same whatever M is.
+# -ffp-contract=fast (GCC's default, spelled out): the vector lanes fuse multiply-add,
+# as the scalar tails do explicitly, which keeps a row's sums the same whatever M is.
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
 _TARGETS = {"SmallMatmul": "jax_specdec_small_matmul", "SmallMatmulT": "jax_specdec_small_matmul_t"}
 
