@@ -49,6 +49,7 @@ SHAPES = [
     ((4, 2), 1536, 577),
     ((7,), 100, 700),
     ((10,), 300, 200),
+    ((64,), 130, 4103),  # columns enough to split, so 64 rows stay in one piece
 ]
 
 
@@ -61,7 +62,7 @@ def _data(lead, k, n, seed=0):
 
 @pytest.mark.parametrize("lead,k,n", SHAPES)
 def test_products_match_float64(lead, k, n):
-    """The kernels themselves (`_kernel`, `_kernel_t`), at every row count up to 64."""
+    """The kernels themselves (`_kernel`, `_kernel_t`): 1-8 rows and several up to 64."""
     x, w = _data(lead, k, n)
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))  # [N, K]: x @ e.T = x @ w
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)

@@ -40,8 +40,10 @@ inline Vec Load(const float* p) {
   return v;
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
-// Scalar tails call fma explicitly, as the vector lanes do (x * w + acc contracted):
-// left to the compiler, a tail loop may become vector multiplies and scalar adds.
+// Scalar tails call fma explicitly, as the vector lanes do (x * w + acc contracted by
+// -O3 -ffp-contract=fast on a CPU with FMA): left to the compiler, a tail loop may
+// become vector multiplies and scalar adds. Other flags or a CPU without FMA would
+// break the bit-identity of rows (tests/test_small_matmul.py checks it).
 
 // Rows k .. k+R-1 of w, columns [n0, n1): y[m, c] += sum_r x[m, k + r] * w[k + r, c],
 // NV vectors of columns at a time. Each weight row is read front to back; y (M x N
@@ -373,7 +375,8 @@ ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<
   const bool tiled = M > kGroup && many != nullptr;
   // One piece of columns per thread, at least 256 wide (pieces of single 64-column
   // strips measured slower: a piece prefetches only its own next strip). Where the
-  // columns are too few to go round (k and v: 192), rows are split too.
+  // columns are too few to go round (k and v: 192), rows are split too (from
+  // 2 * kGroup rows).
   const Split cols(outer, Parts(pool, outer / 256), align);
   const int col_parts = cols.count();
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());

@@ -5,7 +5,8 @@ A decode step multiplies one row per sequence by every weight matrix and a verif
 the one-row product as a matrix-vector product that streams the weights, but hands 2 or
 more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
 1.5-2x a one-row step (docs/step_cost.md). `small_matmul.cc` reads each weight once for
-all rows and splits the columns over XLA's own thread pool.
+up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
+matrices with 16 rows or more, the rows) over XLA's own thread pool.
 
 `matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
 embedding as the LM head) use the kernel when it applies: float32 operands, at most
