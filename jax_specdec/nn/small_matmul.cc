@@ -45,12 +45,19 @@ inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 // become vector multiplies and scalar adds. Other flags or a CPU without FMA would
 // break the bit-identity of rows (tests/test_small_matmul.py checks it).
 
+// s + x[k0] w[k0 N] + ... + x[k1-1] w[(k1-1) N], one fma at a time: the order in which a
+// vector lane sums its element, for the columns outside whole vectors.
+inline float Chain(const float* x, const float* w, int64_t N, int64_t k0, int64_t k1, float s) {
+  for (int64_t k = k0; k < k1; ++k) s = __builtin_fmaf(x[k], w[k * N], s);
+  return s;
+}
+
 // Rows k .. k+R-1 of w, columns [n0, n1): y[m, c] += sum_r x[m, k + r] * w[k + r, c],
 // NV vectors of columns at a time. Each weight row is read front to back; y (M x N
 // floats) stays in cache.
 template <int M, int R, int NV>
 void RowBlock(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t k,
-              int64_t n0, int64_t n1, bool prefetch) {
+              int64_t n0, int64_t n1) {
   const bool first = k == 0;
   int64_t c = n0;
   for (; c + NV * kLanes <= n1; c += NV * kLanes) {
@@ -62,7 +69,7 @@ void RowBlock(const float* x, const float* w, float* y, int64_t K, int64_t N, in
       for (int j = 0; j < NV; ++j) wv[j] = Load(w + (k + r) * N + c + j * kLanes);
       // The next block's rows, same columns, into L2: without it the streams of 8 rows
       // stall once several rows of x make each line take longer (5 rows: 1.45x slower).
-      if (prefetch && k + R + r < K)
+      if (k + R + r < K)
         for (int j = 0; j < NV; ++j) __builtin_prefetch(w + (k + R + r) * N + c + j * kLanes, 0, 2);
       for (int m = 0; m < M; ++m) {
         const float xv = x[m * K + k + r];
@@ -72,25 +79,21 @@ void RowBlock(const float* x, const float* w, float* y, int64_t K, int64_t N, in
     for (int m = 0; m < M; ++m)
       for (int j = 0; j < NV; ++j) Store(y + m * N + c + j * kLanes, acc[m][j]);
   }
-  for (; c < n1; ++c) {
-    for (int m = 0; m < M; ++m) {
-      float s = first ? 0.f : y[m * N + c];
-      for (int r = 0; r < R; ++r) s = __builtin_fmaf(x[m * K + k + r], w[(k + r) * N + c], s);
-      y[m * N + c] = s;
-    }
-  }
+  for (; c < n1; ++c)
+    for (int m = 0; m < M; ++m)
+      y[m * N + c] = Chain(x + m * K, w + c, N, k, k + R, first ? 0.f : y[m * N + c]);
 }
 
 // Two vectors of columns per pass where more rows would leave the loads of x the
 // bottleneck (measured: 8 rows 1.4x faster, 5 rows 8% slower than one vector).
 template <int M, int R>
 void Block(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t k,
-           int64_t n0, int64_t n1, bool prefetch) {
-  RowBlock<M, R, (M <= 5 ? 1 : 2)>(x, w, y, K, N, k, n0, n1, prefetch);
+           int64_t n0, int64_t n1) {
+  RowBlock<M, R, (M <= 5 ? 1 : 2)>(x, w, y, K, N, k, n0, n1);
 }
 
 using BlockFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, bool);
+                         int64_t, int64_t);
 
 BlockFn BlockFor(int64_t m, bool eight) {
   static constexpr BlockFn whole[kGroup] = {Block<1, 8>, Block<2, 8>, Block<3, 8>, Block<4, 8>,
@@ -106,7 +109,7 @@ void Columns(const float* x, const float* w, float* y, int64_t M, int64_t K, int
              int64_t n0, int64_t n1) {
   for (int64_t k = 0; k < K;) {
     const bool eight = k + 8 <= K;
-    BlockFor(M, eight)(x, w, y, K, N, k, n0, n1, true);
+    BlockFor(M, eight)(x, w, y, K, N, k, n0, n1);
     k += eight ? 8 : 1;
   }
 }
@@ -171,11 +174,8 @@ void Tiles(const float* x, const float* w, float* y, int64_t M, int64_t K, int64
                                                        depth, c);
     }
     for (int64_t c = whole; c < n1; ++c)
-      for (int64_t m = 0; m < M; ++m) {
-        float s = k0 == 0 ? 0.f : y[m * N + c];
-        for (int64_t k = k0; k < k0 + depth; ++k) s = __builtin_fmaf(x[m * K + k], w[k * N + c], s);
-        y[m * N + c] = s;
-      }
+      for (int64_t m = 0; m < M; ++m)
+        y[m * N + c] = Chain(x + m * K, w + c, N, k0, k0 + depth, k0 == 0 ? 0.f : y[m * N + c]);
   }
 }
 
@@ -330,11 +330,6 @@ void Parallel(ffi::ThreadPool& pool, int parts, F part) {
   while (state->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
 }
 
-int Parts(ffi::ThreadPool& pool, int64_t units) {
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  return static_cast<int>(std::max<int64_t>(1, std::min(threads, units)));
-}
-
 // Splits [0, n) into at most `parts` pieces of a multiple of `align` (the last one
 // shorter).
 struct Split {
@@ -377,9 +372,9 @@ ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<
   // strips measured slower: a piece prefetches only its own next strip). Where the
   // columns are too few to go round (k and v: 192), rows are split too (from
   // 2 * kGroup rows).
-  const Split cols(outer, Parts(pool, outer / 256), align);
-  const int col_parts = cols.count();
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const Split cols(outer, std::clamp<int64_t>(outer / 256, 1, threads), align);
+  const int col_parts = cols.count();
   const Split rows(M, tiled ? std::clamp<int64_t>(threads / col_parts, 1, M / kGroup) : 1, 1);
   const Work work = tiled ? many : few;
   Parallel(pool, rows.count() * col_parts, [=](int p) {
