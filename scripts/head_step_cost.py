@@ -40,8 +40,9 @@ def main() -> None:
     @jax.jit
     def head_call(hs, features, tokens, cache, embed):
         h = nnx.merge(hg, hs)
-        logits, predicted, _, _ = h.decode_entries(features, tokens, embed, cache, cache.lengths)
-        full = jnp.full((1, vocab), -jnp.inf).at[:, h.vocab_map[...]].set(logits[:, -1])
+        predicted, _, _ = h.decode_entries(features, tokens, embed, cache, cache.lengths)
+        logits = h.logits(predicted[:, -1:])[:, 0]  # the loop drafts from one entry per call
+        full = jnp.full((1, vocab), -jnp.inf).at[:, h.vocab_map[...]].set(logits)
         return probs_from_logits(full, SamplingConfig(1.0)), predicted
 
     embed = target.embed[...]

@@ -26,7 +26,7 @@ from jax_specdec.data import train_tokenizer
 from jax_specdec.decode.feature_drafter import attach, tokenizer_sha256
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import sample_with_uniforms
-from jax_specdec.schedules import Confidence
+from jax_specdec.schedules import Confidence, Custom
 
 GREEDY = SamplingConfig(0.0)
 
@@ -52,15 +52,22 @@ def head(target):
 # ---------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("gamma,eos", [(1, None), (2, 3), (4, None), (4, 3)])
+def skip_then_draft(stats):
+    """γ = 0 for six rounds (more than the chunk of γ_max + 1 = 4 waiting features), then
+    3 for two rounds, then 0 again."""
+    return jnp.where((stats.round % 8 < 6) & (stats.round < 12), 0, 3)
+
+
+@pytest.mark.parametrize("gamma,eos", [(1, None), (2, 3), (4, None), (4, 3), ("skip", 3)])
 def test_greedy_equals_autoregressive_on_ragged_prompts(gamma, eos):
     target = make_model(10, vocab=32, scale=0.3)
     head = make_head(target, kept_ids=np.arange(0, 32, 2))
-    prompts = ragged_prompts(12, 32, seed=gamma)
+    prompts = ragged_prompts(12, 32, seed=5 if gamma == "skip" else gamma)
+    schedule = Custom(skip_then_draft, max_gamma=3) if gamma == "skip" else gamma
     kwargs = dict(max_new_tokens=14, sampling=GREEDY, eos_token_id=eos)
     ar = autoregressive_generate(target, prompts, key=jax.random.key(0), **kwargs)
     spec = speculative_generate(
-        target, head, prompts, key=jax.random.key(1), num_draft_tokens=gamma, **kwargs
+        target, head, prompts, key=jax.random.key(1), schedule=schedule, **kwargs
     )
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
@@ -74,47 +81,68 @@ def _head_pass(head, prev, tokens, embed):
     return head(prev, tokens, embed)
 
 
-def _reference_rounds(target, head, prompt, new_tokens, gamma):
+def _reference_rounds(target, head, prompt, new_tokens, gamma, schedule=None):
     """Greedy rounds simulated with full forward passes: each round's drafts come from
     the head on the target's true features up to the pending token, then on its own
-    predictions. Returns (rounds, accepted per draft position)."""
+    predictions; round r drafts `schedule(r)` tokens (default γ). Returns (rounds,
+    accepted per draft position)."""
     embed, ids = target.embed[...], np.asarray(head.vocab_map[...])
     seq = list(prompt) + list(new_tokens)
     length, end = len(prompt) + 1, len(prompt) + len(new_tokens)
     rounds, accepted_at = 0, np.zeros(gamma, int)
     pad = lambda tokens: jnp.asarray([tokens + [0] * (WIDTH - len(tokens))])  # noqa: E731
     while length < end:
+        width = gamma if schedule is None else schedule(rounds)
         _, true = target(pad(seq[: length - 1]), features=True)  # causal: padding is after
         prev = np.zeros((1, WIDTH, true.shape[-1]), np.float32)
         prev[0, 1:length] = np.asarray(true)[0, : length - 1]
         drafts = seq[:length]
-        for _ in range(gamma):
+        for _ in range(width):
             logits, predicted = _head_pass(head, jnp.asarray(prev), pad(drafts), embed)
             drafts = drafts + [int(ids[int(np.argmax(np.asarray(logits)[0, len(drafts) - 1]))])]
             prev[0, len(drafts) - 1] = np.asarray(predicted)[0, len(drafts) - 2]
         n = 0
-        while n < gamma and length + n < end and drafts[length + n] == seq[length + n]:
+        while n < width and length + n < end and drafts[length + n] == seq[length + n]:
             accepted_at[n] += 1
             n += 1
         rounds, length = rounds + 1, length + n + 1
     return rounds, accepted_at
 
 
-def test_drafts_are_the_heads_predictions_from_true_features():
+def _skip_rounds(r):
+    """`skip_then_draft` for the reference: γ of round r."""
+    return 0 if (r % 8 < 6 and r < 12) else 3
+
+
+@pytest.mark.parametrize("skips", [False, True])
+def test_drafts_are_the_heads_predictions_from_true_features(skips):
+    """Every draft is the head's prediction from the target's true features up to the
+    pending token. With `skips`, batch-wide γ = 0 rounds run as plain target steps whose
+    features the head absorbs (`FeatureDrafter.absorb`), more of them than its chunk
+    holds, and the drafts after them must still come from the true features."""
     # A target that repeats itself and a head that often agrees with it.
     target = make_model(3, vocab=8, scale=0.6)
     head = make_head(target, seed=2, scale=0.6)
     prompts, gamma = ragged_prompts(6, 8, seed=4), 3
+    schedule = Custom(skip_then_draft, max_gamma=gamma) if skips else gamma
     out = speculative_generate(
-        target, head, prompts, key=jax.random.key(0), max_new_tokens=16, num_draft_tokens=gamma
+        target,
+        head,
+        prompts,
+        key=jax.random.key(0),
+        max_new_tokens=22 if skips else 16,
+        schedule=schedule,
     )
     total_at = np.zeros(gamma, int)
     for b, prompt in enumerate(prompts):
-        rounds, at = _reference_rounds(target, head, prompt, np.asarray(out.tokens)[b], gamma)
+        rounds, at = _reference_rounds(
+            target, head, prompt, np.asarray(out.tokens)[b], gamma, _skip_rounds if skips else None
+        )
         assert rounds == int(np.asarray(out.stats.rounds)[b])
         total_at += at
     np.testing.assert_array_equal(np.asarray(out.stats.accepted_at).sum(0), total_at)
     assert total_at[1] > 0, "the test needs second drafts accepted (predicted features)"
+    assert int(out.stats.gamma_rounds[0]) >= (10 if skips else 0)
 
 
 def test_training_passes_see_what_the_loop_sees(target):
@@ -149,6 +177,12 @@ SETTINGS = {
     "t0.6_topk4_g2": (SamplingConfig(0.6, top_k=4), 2, None),
     "t1_topp0.8_g4": (SamplingConfig(1.0, top_p=0.8), 4, None),
     "t1_g2_eos": (SamplingConfig(1.0), 2, 2),
+    # a plain step (absorbed features) before a round of 2 drafts
+    "t1_skip_once_g2": (
+        SamplingConfig(1.0),
+        Custom(lambda s: jnp.where(s.round == 0, 0, 2), 2),
+        None,
+    ),
 }
 
 
@@ -164,7 +198,7 @@ def _check_exact(target, seqs, sampling, eos, name, alpha):
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_samples_follow_the_target(target, head, name):
     sampling, gamma, eos = SETTINGS[name]
-    seqs, stats = sample_sequences(target, head, sampling, gamma, eos, seed=len(name))
+    seqs, stats = sample_sequences(target, head, sampling, None, eos, len(name), schedule=gamma)
     assert 0.05 < stats.acceptance_rate < 0.95
     # Token 3 is never drafted, yet the target emits it (through the residual).
     assert any(3 in seq for seq in seqs[:2000])
@@ -224,8 +258,9 @@ def test_same_key_same_output_and_rows_independent_of_batch(target, head):
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(a.tokens)[row])
 
 
-def test_no_recompilation_and_no_cache_copies(target, head):
-    generator = Generator(target, head, schedule=3)
+@pytest.mark.parametrize("schedule", [3, Custom(skip_then_draft, max_gamma=3)])
+def test_no_recompilation_and_no_cache_copies(target, head, schedule):
+    generator = Generator(target, head, schedule=schedule)
     run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
     hlo = run.lower().compile().as_text()
     assert "while" in hlo

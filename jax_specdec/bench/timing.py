@@ -97,10 +97,10 @@ def _decode(model, tokens, cache):
     if not isinstance(model, FeatureDraft):
         return model.decode(tokens, cache)
     features = jnp.zeros((*tokens.shape, model.embed.shape[1]), jnp.float32)
-    logits, _, keys, values = model.head.decode_entries(
+    predicted, keys, values = model.head.decode_entries(
         features, tokens, model.embed[...], cache, cache.lengths
     )
-    return logits, write_entries(cache, keys, values, cache.lengths)
+    return model.head.logits(predicted), write_entries(cache, keys, values, cache.lengths)
 
 
 def decode_step_time(

@@ -24,8 +24,10 @@ A drafter whose `reads_features` attribute is true also gets the target's featur
 features=True)`): `init(..., features=[B, P, D])` and `load(..., features=[1, P, D])`
 for the prompt, and `commit(..., features=[B, γ_max + 1, D])` for the positions
 `before - 1 …` the round verified (the first `after - before + 1` are the accepted ones
-and the position of the correction).
-Every round of such a drafter goes through the verify call (no plain γ = 0 steps).
+and the position of the correction). When every active row is given γ = 0 the loop
+runs plain target steps instead of rounds, and after each one
+`absorb(model, cache, tokens, before, after, features=[B, 1, D])` takes the feature
+of position `before - 1` (the rows' lengths went from `before` to `after`).
 
 The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
 drafters; a schedule only picks γ.

@@ -124,15 +124,10 @@ class FeatureDrafter:
 
     def prepare(self, model: FeatureDraft, cache: FeatureCache, inputs: DraftInputs, config):
         """The round's first head call: the chunk of verified entries and the first draft."""
-        start, width = cache.kv.lengths, config.gamma_max + 1
-        idx = start[:, None] + jnp.arange(width, dtype=jnp.int32)
-        tokens = jnp.take_along_axis(inputs.tokens, jnp.minimum(idx, inputs.tokens.shape[1] - 1), 1)
-        logits, predicted, keys, values = model.head.decode_entries(
-            cache.features, tokens, model.embed[...], cache.kv, start
-        )
+        predicted, keys, values = _chunk(model, cache, inputs.tokens)
         last = jnp.maximum(cache.count - 1, 0)[:, None, None]
-        logits = jnp.take_along_axis(logits, last, axis=1)[:, 0]
         predicted = jnp.take_along_axis(predicted, last, axis=1)
+        logits = model.head.logits(predicted)[:, 0]  # of entry L - 1 only
         x, q, bad = _draft(model, logits, inputs.keys[:, 0], config)
         return cache, _Prepared(keys, values, x, q, predicted, bad), None
 
@@ -147,11 +142,12 @@ class FeatureDrafter:
         start = cache.kv.lengths + cache.count  # position L of the second draft's entry
         # Unrolled: γ is small.
         for i in range(1, width):
-            logits, predicted, keys, values = model.head.decode_entries(
+            predicted, keys, values = model.head.decode_entries(
                 predicted, xs[-1][:, None], model.embed[...], cache.kv, start + i - 1, recent
             )
             recent.append((keys, values, jnp.ones((batch, 1), bool)))
-            x, q, step_bad = _draft(model, logits[:, 0], inputs.keys[:, i], config)
+            logits = model.head.logits(predicted)[:, 0]
+            x, q, step_bad = _draft(model, logits, inputs.keys[:, i], config)
             xs.append(x)
             qs.append(q)
             bad = bad | step_bad
@@ -165,13 +161,51 @@ class FeatureDrafter:
         return FeatureCache(kv.replace(lengths=before), features, after - before)
 
 
+    def absorb(self, model: FeatureDraft, cache: FeatureCache, tokens, before, after, features):
+        """The cache after a plain target step (a γ = 0 round for the whole batch):
+        `features` [B, 1, D] of position before - 1, where the rows' lengths went from
+        `before` to `after` [B] (after - before = 0 for a finished row). The feature
+        joins the waiting chunk; when some row's chunk is full, every row's chunk is
+        first run through the head's layer (not its LM head) and written to its cache."""
+        width = cache.features.shape[1]
+        full = jnp.any(cache.count >= width)
+
+        def entries():
+            return _chunk(model, cache, tokens)[1:]
+
+        def nothing():
+            return jax.tree.map(jnp.zeros_like, jax.eval_shape(entries))
+
+        keys, values = jax.lax.cond(full, entries, nothing)
+        start = cache.kv.lengths
+        # Not full: every write lands past the cache's end and is dropped.
+        kv = write_entries(cache.kv, keys, values, jnp.where(full, start, cache.kv.max_len))
+        kv = kv.replace(lengths=jnp.where(full, start + cache.count, start))
+        count = jnp.where(full, 0, cache.count)
+        rows = jnp.arange(count.shape[0], dtype=jnp.int32)
+        slot = jnp.where(after > before, count, width)  # a finished row keeps its chunk
+        waiting = cache.features.at[rows, slot].set(
+            features[:, 0].astype(cache.features.dtype), mode="drop"
+        )
+        return FeatureCache(kv, waiting, count + (after - before))
+
+
+def _chunk(model: FeatureDraft, cache: FeatureCache, tokens):
+    """The head on the chunk of waiting entries A … A + γ_max (the first `count`
+    valid): (predicted features, keys, values), nothing written."""
+    start, width = cache.kv.lengths, cache.features.shape[1]
+    idx = start[:, None] + jnp.arange(width, dtype=jnp.int32)
+    chunk = jnp.take_along_axis(tokens, jnp.minimum(idx, tokens.shape[1] - 1), 1)
+    return model.head.decode_entries(cache.features, chunk, model.embed[...], cache.kv, start)
+
+
 def _prefill(model: FeatureDraft, kv, prompts, prompt_lengths, config, features):
     """The head's entries for the prompts [B, P] written into the empty cache `kv` (valid
     below the prompt lengths), and the chunk of waiting features: the prompt's last."""
     batch = prompts.shape[0]
     prev = previous_features(features)
     start = jnp.zeros((batch,), jnp.int32)
-    _, _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
+    _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
     kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)
     last = jnp.take_along_axis(features, (prompt_lengths - 1)[:, None, None], axis=1)
     pending = jnp.zeros((batch, config.gamma_max + 1, features.shape[-1]), features.dtype)

@@ -69,11 +69,10 @@ def _loop_body(target, draft, config: LoopConfig):
         body = functools.partial(autoregressive_step, target, config=config)
     else:
         body = functools.partial(speculative_round, target, draft, config=config)
-        # Rounds may skip drafting: plain steps then, unless the drafter reads the
-        # features only the verify call gives, or slots wait for a finished row.
-        skips = config.schedule.min_gamma == 0 and not reads_features(config.drafter)
-        if skips and config.num_slots is None:
-            body = then_skipping(body, target, config)
+        # Rounds may skip drafting: plain steps then, unless slots wait for a
+        # finished row.
+        if config.schedule.min_gamma == 0 and config.num_slots is None:
+            body = then_skipping(body, target, draft, config)
     if config.num_slots is None:
         return body
     return lambda state: refill(target, draft, body(state), config)

@@ -96,17 +96,25 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
     )
 
 
-def _plain_step(target, state: LoopState, config: LoopConfig, pick) -> LoopState:
+def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) -> LoopState:
     """One target step on the pending token, its cache written in place: `pick(logits,
-    probs)` chooses each row's token. Counted as a round of width 0."""
+    probs)` chooses each row's token. Counted as a round of width 0. A drafter that
+    reads features (then `draft` is its model) absorbs the step's."""
     pending = gather_last(state.tokens, state.lengths, 1)
     cache = state.target_cache.replace(lengths=state.lengths - 1)
-    logits, cache = target.decode(pending, cache)
+    absorbs = draft is not None and reads_features(config.drafter)
+    logits, cache, *features = target.decode(pending, cache, features=absorbs)
     logits = logits[:, 0, : config.vocab_size]
     token = pick(logits, probs_from_logits(logits, config.sampling))
     active = ~state.done
     ones = jnp.ones_like(state.lengths)
+    before = state.lengths
     state = emit(state.replace(target_cache=cache), token[:, None], ones, config)
+    if absorbs:
+        draft_cache = config.drafter.absorb(
+            draft, state.draft_cache, state.tokens, before, state.lengths, features[0]
+        )
+        state = state.replace(draft_cache=draft_cache)
     none = jnp.zeros_like(state.lengths)
     return record_round(
         state, active=active, width=0, counts=none, accepted=none, bad=nonfinite(logits)
@@ -120,23 +128,24 @@ def autoregressive_step(target, state: LoopState, config: LoopConfig) -> LoopSta
     return _plain_step(target, state, config, pick)
 
 
-def _skipped_round(target, state: LoopState, config: LoopConfig) -> LoopState:
+def _skipped_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     """A round of width 0 for the whole batch, as a plain step: the same draw as `verify`
     at width 0 (the round's `draws`), so a row's tokens do not depend on whether its
     neighbours drafted."""
     draws = round_noise(state.keys, state.round + 1, config.gamma_max, config.sampling).draws
     pick = lambda logits, probs: draw(draws, logits, probs, config.sampling)  # noqa: E731
-    return _plain_step(target, state, config, pick)
+    return _plain_step(target, state, config, pick, draft)
 
 
-def then_skipping(round_fn, target, config: LoopConfig):
+def then_skipping(round_fn, target, draft, config: LoopConfig):
     """`round_fn`, then plain steps for as long as the schedule asks every active row for
     γ = 0: a batch-wide γ = 0 then costs an autoregressive step, without the round's
-    switch, catch-up check and entries written after it."""
+    switch, catch-up check and entries written after it (a drafter that reads features
+    absorbs each step's, `Drafter.absorb`)."""
 
     def skipping(state):
         gammas = config.schedule(schedule_stats(state, config))
         return ~jnp.all(state.done) & ~jnp.any(~state.done & (gammas > 0))
 
-    step = functools.partial(_skipped_round, target, config=config)
+    step = functools.partial(_skipped_round, target, draft, config=config)
     return lambda state: jax.lax.while_loop(skipping, step, round_fn(state))

@@ -208,8 +208,9 @@ class FeatureHead(nnx.Module):
             (keys, values, valid [B, R] bool), keys and values per layer [B, R, K, hd].
 
         Returns:
-          logits [B, T, K], predicted features [B, T, D], and per layer the new keys and
-          values [B, T, K, hd].
+          predicted features [B, T, D] and per layer the new keys and values
+          [B, T, K, hd]. Logits are the caller's (`logits`), for the entries it drafts
+          from only: the LM head is most of a draft step's weights.
         """
         T = tokens.shape[1]
         positions = start[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
@@ -231,5 +232,4 @@ class FeatureHead(nnx.Module):
             x = x + block.mlp(block.mlp_norm(x))
             keys.append(k)
             values.append(v)
-        predicted = self.norm(x)
-        return self.logits(predicted), predicted, tuple(keys), tuple(values)
+        return self.norm(x), tuple(keys), tuple(values)
