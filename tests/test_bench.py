@@ -10,6 +10,8 @@ from helpers import VOCAB, ragged_prompts
 from jax_specdec import Generator, SamplingConfig, speculative_generate
 from jax_specdec.bench import (
     decode_step_loop,
+    expected_batch_rounds,
+    expected_tokens_per_round,
     markdown_report,
     measure,
     run_benchmark,
@@ -136,10 +138,52 @@ def test_run_benchmark_on_tiny_models(target, draft):
     for r in rows[1:]:
         assert 1.0 <= r["tokens_per_round"] <= r["gamma"] + 1
         assert r["speedup"] == pytest.approx(rows[0]["seconds"] / r["seconds"])
+        # 8 tokens, the first from the prefill: 7 / (γ + 1) <= rounds <= 7.
+        assert 7 / (r["gamma"] + 1) <= r["expected_batch_rounds"] <= 7
+        assert r["measured_over_predicted_batch"] == pytest.approx(
+            r["speedup"] / r["predicted_batch_speedup"]
+        )
     runs, parts = markdown_report(results).split("\n\n")
     assert len(runs.splitlines()) == 2 + 3 and len(parts.splitlines()) == 2 + 1
     first = [cell.strip() for cell in runs.splitlines()[2].split("|")[1:3]]
     assert first == ["2", "AR"]
+
+
+def _simulated_max_rounds(alphas, gamma, tokens, trials=40_000, seed=0):
+    """Monte Carlo of `expected_batch_rounds`: rounds of 1 + min(G, γ) tokens per row."""
+    rng = np.random.default_rng(seed)
+    alphas, tokens = np.asarray(alphas), np.broadcast_to(tokens, np.shape(alphas))
+    have = np.zeros((trials, len(alphas)), int)
+    rounds = np.zeros((trials, len(alphas)), int)
+    while np.any(have < tokens):
+        going = have < tokens
+        gained = 1 + np.minimum(
+            rng.geometric(1 - np.minimum(alphas, 1 - 1e-12), have.shape) - 1, gamma
+        )
+        have += np.where(going, gained, 0)
+        rounds += going
+    return rounds.max(1).mean()
+
+
+@pytest.mark.parametrize(
+    "alphas,gamma,tokens",
+    [([0.8], 4, 63), ([0.8] * 8, 4, 63), ([0.5, 0.9, 0.7], 2, [40, 63, 10]), ([0.3] * 4, 1, 20)],
+)
+def test_expected_batch_rounds_matches_simulation(alphas, gamma, tokens):
+    exact = expected_batch_rounds(alphas, gamma, tokens)
+    assert exact == pytest.approx(_simulated_max_rounds(alphas, gamma, tokens), rel=0.01)
+
+
+def test_expected_batch_rounds_edges():
+    assert expected_batch_rounds([0.0, 0.0], 3, 17) == pytest.approx(17)  # one token a round
+    assert expected_batch_rounds([1.0] * 5, 3, 17) == pytest.approx(5)  # ceil(17 / 4)
+    assert expected_batch_rounds([0.6], 2, 0) == 0
+    # One row: about tokens / E[tokens per round]; a batch of eight needs more rounds.
+    one = expected_batch_rounds([0.8], 4, 63)
+    assert one == pytest.approx(63 / expected_tokens_per_round(0.8, 4), rel=0.06)
+    assert expected_batch_rounds([0.8] * 8, 4, 63) > 1.15 * one
+    with pytest.raises(ValueError, match="gamma"):
+        expected_batch_rounds([0.5], -1, 4)
 
 
 def test_markdown_table_pads_and_aligns():

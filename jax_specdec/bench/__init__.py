@@ -3,6 +3,7 @@
 (`jax_specdec.schedules.calibrate`)."""
 
 from jax_specdec.bench.benchmark import (
+    expected_batch_rounds,
     expected_tokens_per_round,
     markdown_report,
     predicted_speedup,
@@ -26,6 +27,7 @@ __all__ = [
     "bare_matmul_time",
     "decode_step_loop",
     "decode_step_time",
+    "expected_batch_rounds",
     "expected_tokens_per_round",
     "markdown_report",
     "measure",

@@ -14,7 +14,13 @@ from jax_specdec.bench import timing
 from jax_specdec.nn import Transformer
 from jax_specdec.report import markdown_table
 
-__all__ = ["expected_tokens_per_round", "markdown_report", "predicted_speedup", "run_benchmark"]
+__all__ = [
+    "expected_batch_rounds",
+    "expected_tokens_per_round",
+    "markdown_report",
+    "predicted_speedup",
+    "run_benchmark",
+]
 
 
 def expected_tokens_per_round(alpha: float, gamma: int) -> float:
@@ -22,6 +28,39 @@ def expected_tokens_per_round(alpha: float, gamma: int) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_batch_rounds(alphas, gamma: int, tokens) -> float:
+    """E[rounds until every row has its `tokens`] under the i.i.d. model, row b accepting
+    each draft with its own alphas[b]: a round gives a row 1 + min(G, γ) tokens, G
+    geometric. A batch runs as many rounds as its slowest row, so this exceeds
+    tokens / `expected_tokens_per_round` whenever the rows' rounds vary. Exact: each
+    row's distribution of rounds by convolution, then that of their maximum.
+
+    Args:
+      alphas: [B] per-row acceptance in [0, 1].
+      gamma: drafts per round, >= 0.
+      tokens: [B] (or one int) tokens each row must get from rounds.
+    """
+    alphas = np.clip(np.asarray(alphas, np.float64).reshape(-1), 0.0, 1.0)
+    need = np.broadcast_to(np.asarray(tokens, np.int64), alphas.shape)
+    if gamma < 0 or np.any(need < 0):
+        raise ValueError(f"gamma ({gamma}) and tokens ({tokens}) must be >= 0")
+    k = np.arange(gamma + 1)
+    # P(a round gives k + 1 tokens): α^k (1 - α) below γ, α^γ at γ.
+    per = alphas[:, None] ** k * np.where(k < gamma, 1.0 - alphas[:, None], 1.0)
+    top = int(need.max(initial=0))
+    short = np.zeros((alphas.size, top + 1))  # P(n tokens so far), n < need: not done
+    short[:, 0] = 1.0
+    expected = 0.0
+    for _ in range(top):
+        short[np.arange(top + 1)[None] >= need[:, None]] = 0.0
+        expected += 1.0 - np.prod(1.0 - short.sum(1))  # P(the slowest row is not done)
+        moved = np.zeros_like(short)
+        for j in k:
+            moved[:, j + 1 :] += short[:, : top - j] * per[:, j : j + 1]
+        short = moved
+    return expected
 
 
 def predicted_speedup(alpha: float, gamma: int, *, round_time: float, target_step: float) -> float:
@@ -83,6 +122,12 @@ def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: timi
     predicted = predicted_speedup(
         alpha, gamma, round_time=round_parts, target_step=parts["target_step"].median
     )
+    # The batch: each row's own α, and as many rounds as its slowest row.
+    accepted, rejected = np.asarray(stats.accepted), np.asarray(stats.rejected)
+    row_alpha = accepted / np.maximum(accepted + rejected, 1)
+    need = np.asarray(measured.output.lengths) - 1  # the prefill gives the first token
+    batch_rounds = expected_batch_rounds(row_alpha, gamma, need)
+    predicted_batch = need.max() * parts["target_step"].median / (batch_rounds * round_parts)
     speedup = baseline["seconds"] / measured.seconds
     return {
         "batch": batch,
@@ -101,6 +146,9 @@ def _speculative_row(batch, gamma, measured, baseline: dict, parts, verify: timi
         "speedup": speedup,
         "predicted_speedup": predicted,
         "measured_over_predicted": speedup / predicted,
+        "expected_batch_rounds": batch_rounds,
+        "predicted_batch_speedup": predicted_batch,
+        "measured_over_predicted_batch": speedup / predicted_batch,
     }
 
 
@@ -184,14 +232,15 @@ def _run_cells(r: dict) -> list:
     if r["gamma"] == 0:
         p = r["parts_ms"]
         loop = f"{r['loop_step_ms']:.2f}"
-        return [r["batch"], "AR", f"{r['ms_per_token']:.2f}", "1.00", "", "", "", "1", loop,
+        return [r["batch"], "AR", f"{r['ms_per_token']:.2f}", "1.00", "", "", "", "", "", "1", loop,
                 f"{p['target_step']:.2f}", f"{r['loop_step_ms'] / p['target_step']:.2f}",
                 f"{r['compile_seconds']:.1f}"]  # fmt: skip
     keys = ("ms_per_token", "speedup", "predicted_speedup", "measured_over_predicted")
+    keys += ("predicted_batch_speedup", "measured_over_predicted_batch")
     keys += ("alpha", "tokens_per_round", "round_ms", "round_parts_ms", "round_over_parts")
     digits = {"alpha": 3}
-    return [r["batch"], r["gamma"], *(f"{r[k]:.{digits.get(k, 2)}f}" for k in keys),
-            f"{r['compile_seconds']:.1f}"]  # fmt: skip
+    cells = [f"{r[k]:.{digits.get(k, 2)}f}" if k in r else "" for k in keys]
+    return [r["batch"], r["gamma"], *cells, f"{r['compile_seconds']:.1f}"]
 
 
 def markdown_report(results: dict) -> str:
@@ -210,7 +259,8 @@ def markdown_report(results: dict) -> str:
         for r in results["rows"]
         if r["gamma"] == 0
     ]
-    run_header = ["batch", "γ", "ms/token", "speedup", "predicted", "measured/predicted", "α",
+    run_header = ["batch", "γ", "ms/token", "speedup", "predicted", "measured/predicted",
+                  "predicted (batch)", "measured/predicted (batch)", "α",
                   "tokens/round", "round ms", "parts ms", "round/parts", "compile s"]  # fmt: skip
     part_header = ["batch", "target step ms", "draft step ms", "target bare matmul ms",
                    "AR loop step / bare matmul", "standalone step / bare matmul"]  # fmt: skip
