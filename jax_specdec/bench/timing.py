@@ -100,7 +100,9 @@ def _decode(model, tokens, cache):
     predicted, keys, values = model.head.decode_entries(
         features, tokens, model.embed[...], cache, cache.lengths
     )
-    return model.head.logits(predicted), write_entries(cache, keys, values, cache.lengths)
+    # The loop's head calls draft from their last entry only (its chunk call included).
+    logits = model.head.logits(predicted[:, -1:])
+    return logits, write_entries(cache, keys, values, cache.lengths)
 
 
 def decode_step_time(

@@ -26,8 +26,8 @@ for the prompt, and `commit(..., features=[B, γ_max + 1, D])` for the positions
 `before - 1 …` the round verified (the first `after - before + 1` are the accepted ones
 and the position of the correction). When every active row is given γ = 0 the loop
 runs plain target steps instead of rounds, and after each one
-`absorb(model, cache, tokens, before, after, features=[B, 1, D])` takes the feature
-of position `before - 1` (the rows' lengths went from `before` to `after`).
+`absorb(model, cache, tokens, before, after, features)` takes the feature [B, 1, D] of
+position `before - 1` (the rows' lengths went from `before` to `after`).
 
 The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
 drafters; a schedule only picks γ.
@@ -100,3 +100,6 @@ class Drafter(Protocol):
 
     def load(self, model, cache, slot, prompt, prompt_length, config) -> Any:
         """The cache with row `slot` ([] int32) holding only `prompt` [1, P]."""
+
+    # Only a drafter with `reads_features` (see the module docstring):
+    # def absorb(self, model, cache, tokens, before, after, features) -> Any

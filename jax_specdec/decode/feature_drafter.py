@@ -10,7 +10,8 @@ feeds the chunk of entries A … A + γ_max (static width, the first c valid) an
 entry L-1 gives the first draft. Later draft steps feed (predicted feature, drafted
 token). After the round the chunk's entries are written, the cache is valid below L,
 and the verify call's features (positions L-1 … L+n, n drafts accepted) are the next
-round's chunk.
+round's chunk. A plain target step (batch-wide γ = 0) adds its one feature to the
+chunk (`absorb`), running the chunk through the head first when it is full.
 
 q is the softmax over the K kept tokens after the target's sampling transforms,
 scattered into the full vocabulary (zero elsewhere); drafts are drawn from it.
@@ -159,7 +160,6 @@ class FeatureDrafter:
         start = written_after(cache.kv.lengths, after)
         kv = write_entries(cache.kv, prepared.keys, prepared.values, start)
         return FeatureCache(kv.replace(lengths=before), features, after - before)
-
 
     def absorb(self, model: FeatureDraft, cache: FeatureCache, tokens, before, after, features):
         """The cache after a plain target step (a γ = 0 round for the whole batch):
