@@ -52,9 +52,10 @@ def expected_batch_rounds(alphas, gamma: int, tokens) -> float:
     top = int(need.max(initial=0))
     short = np.zeros((alphas.size, top + 1))  # P(n tokens so far), n < need: not done
     short[:, 0] = 1.0
+    done = np.arange(top + 1)[None] >= need[:, None]
     expected = 0.0
     for _ in range(top):
-        short[np.arange(top + 1)[None] >= need[:, None]] = 0.0
+        short[done] = 0.0
         expected += 1.0 - np.prod(1.0 - short.sum(1))  # P(the slowest row is not done)
         moved = np.zeros_like(short)
         for j in k:
