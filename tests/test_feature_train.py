@@ -213,22 +213,41 @@ def test_head_directory_round_trip_and_bad_files(tmp_path):
         load_head(tmp_path)
 
 
-def test_head_saved_in_float16_loads_as_float32(tmp_path):
-    head = FeatureHead(FeatureHeadConfig.for_target(tiny_target().config, 10), rngs=nnx.Rngs(1))
+def test_head_saved_in_float16_stays_float16_and_drafts_the_same(tmp_path):
+    """A head saved in float16 loads in float16 (its config says so) and drafts exactly
+    as the same weights widened to float32: the products widen them as they read."""
+    target = tiny_target()
+    head = FeatureHead(FeatureHeadConfig.for_target(target.config, 10), rngs=nnx.Rngs(1))
     head.vocab_map.set_value(jnp.arange(0, 20, 2, dtype=jnp.int32))
     save_head(head, tmp_path / "half", dtype="float16")
     save_head(head, tmp_path / "full")
     half, full = (tmp_path / d / "model.safetensors" for d in ("half", "full"))
     assert 0.45 < half.stat().st_size / full.stat().st_size < 0.55
     loaded = load_head(tmp_path / "half")
-    for x, y in zip(
-        jax.tree.leaves(nnx.state(head)), jax.tree.leaves(nnx.state(loaded)), strict=True
+    widened = load_head(tmp_path / "half", param_dtype="float32")
+    assert loaded.config.layer.param_dtype == "float16"
+    for x, y, z in zip(
+        *(jax.tree.leaves(nnx.state(h)) for h in (head, loaded, widened)), strict=True
     ):
-        assert x.dtype == y.dtype
-        expected = np.asarray(x).astype(np.float16) if x.dtype == jnp.float32 else x
-        np.testing.assert_array_equal(np.asarray(y), np.asarray(expected).astype(y.dtype))
+        floating = x.dtype == jnp.float32
+        assert y.dtype == (jnp.float16 if floating else x.dtype) and z.dtype == x.dtype
+        expected = np.asarray(x).astype(np.float16) if floating else np.asarray(x)
+        np.testing.assert_array_equal(np.asarray(y), expected)
+        np.testing.assert_array_equal(np.asarray(z), expected.astype(z.dtype))
+    for temperature in (0.0, 1.0):
+        kwargs = dict(key=jax.random.key(3), max_new_tokens=8, sampling=SamplingConfig(temperature))
+        a, b = (
+            speculative_generate(target, h, [[1, 2], [3]], num_draft_tokens=3, **kwargs)
+            for h in (loaded, widened)
+        )
+        np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+        np.testing.assert_array_equal(
+            np.asarray(a.stats.accepted_at), np.asarray(b.stats.accepted_at)
+        )
     with pytest.raises(ValueError, match="dtype"):
         save_head(head, tmp_path / "bad", dtype="int8")
+    with pytest.raises(ValueError, match="param_dtype"):
+        load_head(tmp_path / "half", param_dtype="int8")
 
 
 def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):

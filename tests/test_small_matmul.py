@@ -122,6 +122,31 @@ def test_what_takes_the_kernel(monkeypatch):
     np.testing.assert_array_equal(small_matmul.matmul(x, w), x @ w)
 
 
+@pytest.mark.parametrize("lead,k,n", SHAPES)
+def test_16_bit_weights_give_the_float32_weights_products(lead, k, n):
+    """float16 and bfloat16 weights are widened as they are read: the product is, bit
+    for bit, the product with the same weights stored as float32 (1-8 rows, the tiles'
+    packed strips, the tails of columns and rows)."""
+    x, w = _data(lead, k, n, seed=4)
+    for dtype in (jnp.float16, jnp.bfloat16):
+        narrow = w.astype(dtype)
+        assert small_matmul.uses_kernel(x, narrow)
+        got = jax.jit(small_matmul.matmul)(x, narrow)
+        assert got.dtype == jnp.float32
+        want = jax.jit(small_matmul.matmul)(x, narrow.astype(jnp.float32))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_16_bit_weights_off_the_kernel_are_cast_to_x():
+    """Where the kernel does not apply (the LM head turned around, too many rows), 16-bit
+    weights take jnp's product with the weights cast to x's type."""
+    x, w = _data((small_matmul.MAX_ROWS + 1,), 24, 40, seed=5)
+    half = w.astype(jnp.float16)
+    assert not small_matmul.uses_kernel(x, half)
+    assert not small_matmul.uses_kernel(x[:2], half.T, transposed=True)
+    np.testing.assert_array_equal(small_matmul.matmul(x, half), x @ half.astype(jnp.float32))
+
+
 def test_bfloat16_products_keep_float32_logits():
     x, w = _data((1, 3), 32, 16)
     x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)

@@ -131,8 +131,7 @@ class FeatureHead(nnx.Module):
 
     def logits(self, predicted: jax.Array) -> jax.Array:
         """[B, T, D] predicted features -> [B, T, K] float32 logits of the kept tokens."""
-        head = self.lm_head[...].astype(predicted.dtype)
-        return matmul(predicted, head, preferred_element_type=_F32)
+        return matmul(predicted, self.lm_head[...], preferred_element_type=_F32)
 
     def _inputs(self, prev_features, tokens, embed):
         dtype = self.config.layer.jnp_dtype

@@ -9,7 +9,9 @@ up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
 matrices with 16 rows or more, the rows) over XLA's own thread pool.
 
 `matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
-embedding as the LM head) use the kernel when it applies: float32 operands, at most
+embedding as the LM head) use the kernel when it applies: float32 operands (for `matmul`,
+w may also be float16 or bfloat16, widened as it is read: half the bytes, the same
+result as the weights stored as float32), at most
 `MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment variable
 `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they are the plain
 jnp products. `matmul` sums every output element in the same order whatever the
@@ -18,7 +20,7 @@ number of rows, so a verify call's rows equal the same rows computed one at a ti
 
 The library is compiled on first use with the system's C++ compiler (`$CXX`, else
 `c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
-the source, the flags, the CPU and jaxlib's version. Without a compiler, or if the
+the sources, the flags, the CPU and jaxlib's version. Without a compiler, or if the
 build fails, a warning says so once and the plain products are used.
 """
 
@@ -49,7 +51,8 @@ MAX_ROWS = 64
 #: the same for `matmul_t` (the LM head): above 8 rows the product is computed turned
 #: around (eᵀ's rows as the tiles' rows), summed in another order than up to 8 rows.
 MAX_ROWS_T = 64
-_SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")
+_SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")  # includes small_matmul_*.h
+_WEIGHT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)  # `matmul`'s w in the kernel
 # -ffp-contract=fast (GCC's default, spelled out): the vector lanes fuse multiply-add,
 # as the scalar tails do explicitly, which keeps a row's sums the same whatever M is.
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -89,7 +92,8 @@ def _library() -> bool:
     try:
         key = hashlib.sha256()
         compiler = os.environ.get("CXX") or "c++"
-        for part in (_SOURCE.read_bytes(), " ".join((compiler, *_FLAGS)), _cpu_id()):
+        sources = [_SOURCE, *sorted(_SOURCE.parent.glob("small_matmul_*.h"))]
+        for part in (*(s.read_bytes() for s in sources), " ".join((compiler, *_FLAGS)), _cpu_id()):
             key.update(part if isinstance(part, bytes) else part.encode())
         key.update(jaxlib.__version__.encode())
         out = cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
@@ -123,7 +127,7 @@ def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
     return (
         os.environ.get("JAX_SPECDEC_SMALL_MATMUL", "1") != "0"
         and x.dtype == jnp.float32
-        and w.dtype == jnp.float32
+        and w.dtype in ((jnp.float32,) if transposed else _WEIGHT_DTYPES)
         and w.ndim == 2
         and w.shape[inner] == x.shape[-1]
         and w.shape[outer] > 0
@@ -156,16 +160,19 @@ def _with_jvp(target: str, outputs, product):
     return kernel
 
 
-_kernel = _with_jvp(_TARGETS["SmallMatmul"], lambda w: w.shape[1], jnp.matmul)
+_kernel = _with_jvp(
+    _TARGETS["SmallMatmul"], lambda w: w.shape[1], lambda x, w: x @ w.astype(x.dtype)
+)
 _kernel_t = _with_jvp(_TARGETS["SmallMatmulT"], lambda e: e.shape[0], lambda x, e: x @ e.T)
 
 
 def matmul(x: jax.Array, w: jax.Array, preferred_element_type=None) -> jax.Array:
-    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies (float32
-    in, float32 out); otherwise `jnp.matmul` with `preferred_element_type`."""
+    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies (x
+    float32, w float32, float16 or bfloat16; float32 out); otherwise `jnp.matmul` of x
+    and w cast to x's type, with `preferred_element_type`."""
     if uses_kernel(x, w):
         return _kernel(x, w)
-    return jnp.matmul(x, w, preferred_element_type=preferred_element_type)
+    return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=preferred_element_type)
 
 
 def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array:

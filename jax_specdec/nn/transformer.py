@@ -40,7 +40,7 @@ class Dense(nnx.Module):
         self.dtype = config.jnp_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = matmul(x, self.kernel[...].astype(self.dtype))
+        y = matmul(x, self.kernel[...])  # a 16-bit kernel is widened in the product
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -202,7 +202,7 @@ class Transformer(nnx.Module):
         dtype = self.config.jnp_dtype
         if self.lm_head is None:
             return matmul_t(x, self.embed[...].astype(dtype))
-        return matmul(x, self.lm_head[...].astype(dtype), preferred_element_type=_F32)
+        return matmul(x, self.lm_head[...], preferred_element_type=_F32)
 
     # --------------------------------------------------------------- forwards
 
