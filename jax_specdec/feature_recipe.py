@@ -116,27 +116,35 @@ def build_head(
     work_dir,
     data: DataConfig,
     train: HeadTrainConfig,
-    kept: int = 8192,
-    layers: int = 1,
+    kept: int | None = None,
+    layers: int | None = None,
     run_name: str = "head",
     target_name: str = "",
     stop_after: int | None = None,
     weights_dtype: str | None = None,
+    init: str | None = None,
 ) -> dict:
     """Builds (or resumes building) a head for `target` and saves it to `out`.
 
     Returns a summary: data, kept-token coverage, training time and steps, and the
     held-out agreement with the target's greedy token per draft step. `stop_after`
     stops the run at that step (the head saved as it is); calling again continues it.
-    `weights_dtype` ("float16") stores the saved head's weights in that type.
+    `weights_dtype` ("float16") stores the saved head's weights in that type. `init` (a
+    head directory of the same shape, for the same target) starts the training from that
+    head's weights and kept tokens instead of from the target's output rows. `kept`
+    (default 8192) and `layers` (default 1) default to `init`'s where it is given.
     """
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
     from jax_specdec.feature_io import save_head
 
+    shape = None if init is None else _saved_config(init)
+    if kept is None:
+        kept = 8192 if shape is None else shape.kept
+    if layers is None:
+        layers = 1 if shape is None else shape.layer.num_layers
     t0 = time.perf_counter()
     train_set, valid_set = prepare_data(target, tokenizer, data, work_dir)
     extract_seconds = time.perf_counter() - t0
-    vocab_map = kept_vocabulary(train_set, kept, target.config.vocab_size)
     config = FeatureHeadConfig.for_target(
         target.config,
         kept,
@@ -145,7 +153,11 @@ def build_head(
         num_layers=layers,
     )
     head = FeatureHead(config, rngs=nnx.Rngs(train.seed))
-    init_from_target(head, target, vocab_map)
+    if init is None:
+        init_from_target(head, target, kept_vocabulary(train_set, kept, config.vocab_size))
+    else:
+        _start_from(head, init)
+    vocab_map = np.asarray(head.vocab_map[...])
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
     log = train_head(
         head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
@@ -156,6 +168,7 @@ def build_head(
         "train": dataclasses.asdict(train),
         "kept": kept,
         "layers": layers,
+        "init": None if init is None else str(init),
         "train_tokens": int(train_set.tokens.size),
         "kept_coverage_validation_greedy": _coverage(valid_set, vocab_map),
         "feature_seconds_this_call": round(extract_seconds, 1),
@@ -166,6 +179,34 @@ def build_head(
     }
     pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _saved_config(path) -> FeatureHeadConfig:
+    from jax_specdec.feature_io import CONFIG
+
+    file = pathlib.Path(path) / CONFIG
+    if not file.is_file():
+        raise FileNotFoundError(f"init head {path} is not a feature head directory (no {CONFIG})")
+    return FeatureHeadConfig.from_dict(json.loads(file.read_text()))
+
+
+def _start_from(head: FeatureHead, path) -> None:
+    """Sets `head`'s weights and kept tokens to those of the head saved in `path`, which
+    must have its shape and target (else a ValueError naming both)."""
+    from jax_specdec.feature_io import load_head
+
+    start = load_head(path, param_dtype=head.config.layer.param_dtype)
+    mine, theirs = head.config, start.config
+    same_target = theirs.tokenizer_sha256 in ("", mine.tokenizer_sha256)
+    if theirs.layer != mine.layer or theirs.kept != mine.kept or not same_target:
+        raise ValueError(
+            f"init head {path} (target {theirs.target!r}, kept {theirs.kept}, "
+            f"{theirs.layer.num_layers} layers, d {theirs.d_model}, vocabulary "
+            f"{theirs.vocab_size}) does not fit this run's head (target {mine.target!r}, "
+            f"kept {mine.kept}, {mine.layer.num_layers} layers, d {mine.d_model}, vocabulary "
+            f"{mine.vocab_size}{'' if same_target else ', another tokenizer'})"
+        )
+    nnx.update(head, nnx.state(start))
 
 
 def _coverage(data: FeatureSet, vocab_map: np.ndarray) -> float:

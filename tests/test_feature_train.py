@@ -272,3 +272,15 @@ def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     with pytest.raises(SystemExit):  # a head for another tokenizer
         main(["generate", "--target", str(pair / "other"), "--draft", str(out), "x"])
     assert "another tokenizer" in capsys.readouterr().err
+    # --init: a second run starts from that head (at learning rate 0 it stays that head)
+    argv = ["train-drafter", "--target", str(pair / "target"), "--corpus", str(corpus)]
+    argv += ["--tokens", "2048", "--seq-len", "64", "--steps", "2", "--eval-every", "2"]
+    argv += ["--work-dir", str(tmp_path / "work2"), "--init", str(out)]
+    assert main([*argv, "--out", str(tmp_path / "again"), "--learning-rate", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["init"] == str(out)
+    again, first = load_head(tmp_path / "again"), load_head(out)
+    for x, y in zip(*(jax.tree.leaves(nnx.state(h)) for h in (again, first)), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path / "bad"), "--kept", "32"])
+    assert "does not fit" in capsys.readouterr().err

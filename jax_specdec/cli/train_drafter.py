@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32, help="--data greedy: corpus prefix")
-    p.add_argument("--kept", type=int, default=8192, help="tokens the head scores")
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--kept", type=int, help="tokens the head scores (8192, or --init's)")
+    p.add_argument("--layers", type=int, help="decoder layers (1, or --init's)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--learning-rate", type=float, default=1e-3)
@@ -52,7 +52,13 @@ def add_parser(sub) -> None:
         "--weights-dtype",
         choices=["float32", "float16"],
         default="float32",
-        help="type of the saved weights (float16 halves the directory; loaded as float32)",
+        help="type of the saved weights (float16 halves the directory and what a draft "
+        "step reads; it computes in float32 either way)",
+    )
+    p.add_argument(
+        "--init",
+        help="a head directory to start from (same shape and target; its kept tokens are "
+        "kept), e.g. to train a head further on more data under a new --run-name",
     )
     p.set_defaults(handler=run, parser=p)
 
@@ -110,6 +116,7 @@ def run(args, parser) -> int:
             target_name=str(args.target),
             stop_after=args.stop_after,
             weights_dtype=args.weights_dtype,
+            init=args.init,
         )
     except (ValueError, FileNotFoundError) as e:
         common.fail(parser, e)
