@@ -2,7 +2,10 @@
 computes, the rows it takes, its gradient, and that the model's decode uses it."""
 
 import os
+import pathlib
+import platform
 import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -126,25 +129,77 @@ def test_what_takes_the_kernel(monkeypatch):
 def test_16_bit_weights_give_the_float32_weights_products(lead, k, n):
     """float16 and bfloat16 weights are widened as they are read: the product is, bit
     for bit, the product with the same weights stored as float32 (1-8 rows, the tiles'
-    packed strips, the tails of columns and rows)."""
+    packed strips, the tails of columns and rows; x @ w and the tied LM head x @ eᵀ)."""
     x, w = _data(lead, k, n, seed=4)
+    e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
     for dtype in (jnp.float16, jnp.bfloat16):
-        narrow = w.astype(dtype)
-        assert small_matmul.uses_kernel(x, narrow)
-        got = jax.jit(small_matmul.matmul)(x, narrow)
-        assert got.dtype == jnp.float32
-        want = jax.jit(small_matmul.matmul)(x, narrow.astype(jnp.float32))
-        np.testing.assert_array_equal(got, want)
+        for fn, weight, transposed in (
+            (small_matmul.matmul, w, False),
+            (small_matmul.matmul_t, e, True),
+        ):
+            narrow = weight.astype(dtype)
+            assert small_matmul.uses_kernel(x, narrow, transposed)
+            got = jax.jit(fn)(x, narrow)
+            assert got.dtype == jnp.float32
+            np.testing.assert_array_equal(got, jax.jit(fn)(x, narrow.astype(jnp.float32)))
 
 
-def test_16_bit_weights_off_the_kernel_are_cast_to_x():
-    """Where the kernel does not apply (the LM head turned around, too many rows), 16-bit
-    weights take jnp's product with the weights cast to x's type."""
-    x, w = _data((small_matmul.MAX_ROWS + 1,), 24, 40, seed=5)
-    half = w.astype(jnp.float16)
-    assert not small_matmul.uses_kernel(x, half)
-    assert not small_matmul.uses_kernel(x[:2], half.T, transposed=True)
-    np.testing.assert_array_equal(small_matmul.matmul(x, half), x @ half.astype(jnp.float32))
+def test_16_bit_weights_above_the_row_limit_go_in_pieces(monkeypatch):
+    """More rows than the kernel takes: with 16-bit weights, pieces through the kernel (no
+    float32 copy of the weights per call); without the kernel, jnp's product with the
+    weights cast to x's type."""
+    x, w = _data((2, small_matmul.MAX_ROWS + 3), 24, 40, seed=5)
+    rows = x.reshape(-1, 24)
+    for fn, kernel, weight, transposed in (
+        (small_matmul.matmul, small_matmul._kernel, w, False),
+        (small_matmul.matmul_t, small_matmul._kernel_t, w.T, True),
+    ):
+        half = weight.astype(jnp.float16)
+        assert not small_matmul.uses_kernel(x, half, transposed)
+        hlo = jax.jit(fn).lower(x, half).as_text()
+        assert hlo.count("@jax_specdec_small_matmul") == 3  # 64 + 64 + 6 rows
+        limit = small_matmul.MAX_ROWS
+        want = jnp.concatenate([kernel(rows[i : i + limit], half) for i in (0, limit, 2 * limit)])
+        np.testing.assert_array_equal(jax.jit(fn)(x, half), want.reshape(2, limit + 3, 40))
+        monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")
+        np.testing.assert_allclose(fn(x, half), fn(x, half.astype(jnp.float32)), rtol=1e-6)
+        fresh = jax.jit(lambda a, b, fn=fn: fn(a, b))  # traced again: the variable is read
+        assert "@jax_specdec_small_matmul" not in fresh.lower(x, half).as_text()
+        monkeypatch.delenv("JAX_SPECDEC_SMALL_MATMUL")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return {flag for line in f if line.startswith("flags") for flag in line.split()[2:]}
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+def test_16_bit_widening_on_every_instruction_set(march, tmp_path):
+    """The 16-bit paths compiled without XLA for AVX-512 (native here), F16C without
+    AVX-512 (x86-64-v3) and neither (x86-64): every float16 and bfloat16 value widens
+    exactly (signalling NaNs may come out quiet), and every product path gives what the
+    widened float32 weights give (tests/small_matmul_widen.cc)."""
+    needs = {"x86-64-v3": {"avx2", "f16c", "fma"}, "x86-64": set(), "native": set()}[march]
+    if platform.machine() not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run -march={march}")
+    driver = pathlib.Path(__file__).with_name("small_matmul_widen.cc")
+    compiler = os.environ.get("CXX") or "c++"
+    binary, out = tmp_path / "widen", tmp_path / "widened.bin"
+    flags = ["-O2", f"-march={march}", "-ffp-contract=fast", "-std=c++17", "-w"]
+    subprocess.run([compiler, *flags, str(driver), "-o", str(binary)], check=True)
+    done = subprocess.run([str(binary), str(out)], check=True, capture_output=True, text=True)
+    assert done.stdout.strip() == "0", f"{done.stdout.strip()} products differ"
+    got = np.fromfile(out, np.uint32).reshape(4, 65536)
+    bits = np.arange(65536, dtype=np.uint16)
+    half = bits.view(np.float16).astype(np.float32)
+    brain = (bits.astype(np.uint32) << 16).view(np.float32)
+    for row, want in zip(got, (half, half, brain, brain), strict=True):
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(row[~nan], want[~nan].view(np.uint32))
+        assert np.isnan(row[nan].view(np.float32)).all()
 
 
 def test_bfloat16_products_keep_float32_logits():

@@ -12,9 +12,9 @@
 //   SmallMatmul:  y[M, N] = x[M, K] @ w[K, N]      (w row-major: the Dense layout)
 //   SmallMatmulT: y[M, V] = x[M, D] @ e[V, D]^T    (a tied embedding as LM head)
 //
-// x and y are float32. SmallMatmul's w may also be float16 or bfloat16: its elements
-// are widened to float32 as they are loaded (exactly), so a product reads half the
-// bytes and gives, bit for bit, the result of the same weights stored as float32.
+// x and y are float32; w (e) float32, float16 or bfloat16: 16-bit elements are widened
+// to float32 as they are loaded (exactly), so a product reads half the bytes and gives,
+// bit for bit, the result of the same weights stored as float32.
 //
 // SmallMatmul sums every output element in the same order whatever M is (and however
 // the work is split over threads), so the rows of a verify call equal, bit for bit, the
@@ -114,27 +114,42 @@ ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// x @ w (SmallMatmul) and x @ e^T (SmallMatmulT) for weights of element type W.
 template <typename W>
-ffi::Error Dense(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& w,
-                 ffi::ResultBuffer<ffi::F32>& y) {
-  return Product<W>(pool, x, w, y, /*transposed=*/false, Columns<W>, Tiles<W>, 4 * kLanes);
-}
+struct DenseOp {
+  static ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& w,
+                        ffi::ResultBuffer<ffi::F32>& y) {
+    return Product<W>(pool, x, w, y, /*transposed=*/false, Columns<W>, Tiles<W>, 4 * kLanes);
+  }
+};
+template <typename W>
+struct TiedOp {
+  static ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& e,
+                        ffi::ResultBuffer<ffi::F32>& y) {
+    return Product<W>(pool, x, e, y, /*transposed=*/true, Rows<W>, TransposedTiles<W>, 12);
+  }
+};
 
-ffi::Error SmallMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
-                           ffi::ResultBuffer<ffi::F32> y) {
+// The weight's element type picks the instance: float32, or 16 bits widened on load.
+template <template <typename> class Op>
+ffi::Error ByWeightType(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& w,
+                        ffi::ResultBuffer<ffi::F32>& y) {
   switch (w.element_type()) {
-    case ffi::DataType::F32: return Dense<float>(pool, x, w, y);
-    case ffi::DataType::F16: return Dense<Half>(pool, x, w, y);
-    case ffi::DataType::BF16: return Dense<BFloat>(pool, x, w, y);
+    case ffi::DataType::F32: return Op<float>::Run(pool, x, w, y);
+    case ffi::DataType::F16: return Op<Half>::Run(pool, x, w, y);
+    case ffi::DataType::BF16: return Op<BFloat>::Run(pool, x, w, y);
     default: return ffi::Error::InvalidArgument("the weight must be float32, float16 or bfloat16");
   }
 }
 
+ffi::Error SmallMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                           ffi::ResultBuffer<ffi::F32> y) {
+  return ByWeightType<DenseOp>(pool, x, w, y);
+}
+
 ffi::Error SmallMatmulTImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer e,
                             ffi::ResultBuffer<ffi::F32> y) {
-  if (e.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("the embedding must be float32");
-  return Product<float>(pool, x, e, y, /*transposed=*/true, Rows, TransposedTiles, 12);
+  return ByWeightType<TiedOp>(pool, x, e, y);
 }
 
 }  // namespace

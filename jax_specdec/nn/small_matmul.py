@@ -9,9 +9,9 @@ up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
 matrices with 16 rows or more, the rows) over XLA's own thread pool.
 
 `matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
-embedding as the LM head) use the kernel when it applies: float32 operands (for `matmul`,
-w may also be float16 or bfloat16, widened as it is read: half the bytes, the same
-result as the weights stored as float32), at most
+embedding as the LM head) use the kernel when it applies: float32 x and float32 weights
+(or float16 / bfloat16 ones, widened as they are read: half the bytes, the same result as
+the weights stored as float32; more rows than the limit then go in pieces), at most
 `MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment variable
 `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they are the plain
 jnp products. `matmul` sums every output element in the same order whatever the
@@ -127,7 +127,7 @@ def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
     return (
         os.environ.get("JAX_SPECDEC_SMALL_MATMUL", "1") != "0"
         and x.dtype == jnp.float32
-        and w.dtype in ((jnp.float32,) if transposed else _WEIGHT_DTYPES)
+        and w.dtype in _WEIGHT_DTYPES
         and w.ndim == 2
         and w.shape[inner] == x.shape[-1]
         and w.shape[outer] > 0
@@ -163,20 +163,40 @@ def _with_jvp(target: str, outputs, product):
 _kernel = _with_jvp(
     _TARGETS["SmallMatmul"], lambda w: w.shape[1], lambda x, w: x @ w.astype(x.dtype)
 )
-_kernel_t = _with_jvp(_TARGETS["SmallMatmulT"], lambda e: e.shape[0], lambda x, e: x @ e.T)
+_kernel_t = _with_jvp(
+    _TARGETS["SmallMatmulT"], lambda e: e.shape[0], lambda x, e: x @ e.astype(x.dtype).T
+)
+
+
+def _pieces(kernel, x: jax.Array, w: jax.Array, transposed: bool):
+    """More rows than the kernel takes, with 16-bit weights: pieces of at most the limit
+    through the kernel (a cast of w would write a float32 copy of it on every call);
+    None where that does not apply."""
+    limit = MAX_ROWS_T if transposed else MAX_ROWS
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x
+    if w.dtype == x.dtype or rows.ndim != 2 or not uses_kernel(rows[:limit], w, transposed):
+        return None
+    y = jnp.concatenate([kernel(rows[i : i + limit], w) for i in range(0, len(rows), limit)])
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def matmul(x: jax.Array, w: jax.Array, preferred_element_type=None) -> jax.Array:
     """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies (x
-    float32, w float32, float16 or bfloat16; float32 out); otherwise `jnp.matmul` of x
-    and w cast to x's type, with `preferred_element_type`."""
+    float32, w float32, float16 or bfloat16; float32 out; 16-bit w with more rows than
+    it takes: in pieces); otherwise `jnp.matmul` of x and w cast to x's type, with
+    `preferred_element_type`."""
     if uses_kernel(x, w):
         return _kernel(x, w)
+    if (y := _pieces(_kernel, x, w, transposed=False)) is not None:
+        return y
     return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=preferred_element_type)
 
 
 def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array:
-    """x [..., D] @ e [V, D]ᵀ -> [..., V] float32, through the kernel where it applies."""
+    """x [..., D] @ e [V, D]ᵀ -> [..., V] float32, through the kernel where it applies (as
+    `matmul`); otherwise jnp's product with e cast to x's type."""
     if uses_kernel(x, e, transposed=True):
         return _kernel_t(x, e)
-    return jnp.einsum("...d,vd->...v", x, e, preferred_element_type=jnp.float32)
+    if (y := _pieces(_kernel_t, x, e, transposed=True)) is not None:
+        return y
+    return jnp.einsum("...d,vd->...v", x, e.astype(x.dtype), preferred_element_type=jnp.float32)

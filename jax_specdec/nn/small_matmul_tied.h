@@ -1,5 +1,6 @@
 // SmallMatmulT's products, y[M, V] = x[M, D] @ e[V, D]^T for a piece of e's rows (a
 // tied embedding as the LM head): Rows (up to kGroup rows) and TransposedTiles (more).
+// e's elements are float32, or 16-bit widened as they are read (W: small_matmul_vec.h).
 
 #ifndef JAX_SPECDEC_SMALL_MATMUL_TIED_H_
 #define JAX_SPECDEC_SMALL_MATMUL_TIED_H_
@@ -13,14 +14,14 @@
 namespace {
 
 // y[m, v .. v+RV-1] = x[m, :] . e[v + r, :] for M rows of x.
-template <int M, int RV>
-void RowGroup(const float* x, const float* e, float* y, int64_t D, int64_t V, int64_t v,
+template <typename W, int M, int RV>
+void RowGroup(const float* x, const W* e, float* y, int64_t D, int64_t V, int64_t v,
               bool prefetch) {
   const int64_t whole = D / kLanes * kLanes;
   Vec acc[RV][M] = {};
   for (int64_t d = 0; d < whole; d += kLanes) {
     Vec ev[RV];
-    for (int r = 0; r < RV; ++r) ev[r] = Load(e + (v + r) * D + d);
+    for (int r = 0; r < RV; ++r) ev[r] = LoadW(e + (v + r) * D + d);
     if (prefetch)  // the next rows of e, same columns, into L2 (as above)
       for (int r = 0; r < RV; ++r) __builtin_prefetch(e + (v + RV + r) * D + d, 0, 2);
     for (int m = 0; m < M; ++m) {
@@ -31,37 +32,41 @@ void RowGroup(const float* x, const float* e, float* y, int64_t D, int64_t V, in
   for (int r = 0; r < RV; ++r) {
     for (int m = 0; m < M; ++m) {
       float s = Sum(acc[r][m]);
-      for (int64_t d = whole; d < D; ++d) s = __builtin_fmaf(x[m * D + d], e[(v + r) * D + d], s);
+      for (int64_t d = whole; d < D; ++d)
+        s = __builtin_fmaf(x[m * D + d], Widen(e[(v + r) * D + d]), s);
       y[m * V + v + r] = s;
     }
   }
 }
 
-using GroupFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, bool);
+template <typename W>
+using GroupFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, bool);
 
 // Four rows of e per pass up to 5 rows of x, three beyond (registers: RV * M
 // accumulators); measured on the SmolLM2 LM head, 5 rows: 7.7 ms with four, 9.8 with two.
 template <int M>
 constexpr int kRowsOfE = M <= 5 ? 4 : 3;
 
-GroupFn GroupFor(int64_t m, bool one) {
-  static constexpr GroupFn many[kGroup] = {
-      RowGroup<1, kRowsOfE<1>>, RowGroup<2, kRowsOfE<2>>, RowGroup<3, kRowsOfE<3>>,
-      RowGroup<4, kRowsOfE<4>>, RowGroup<5, kRowsOfE<5>>, RowGroup<6, kRowsOfE<6>>,
-      RowGroup<7, kRowsOfE<7>>, RowGroup<8, kRowsOfE<8>>};
-  static constexpr GroupFn single[kGroup] = {RowGroup<1, 1>, RowGroup<2, 1>, RowGroup<3, 1>,
-                                             RowGroup<4, 1>, RowGroup<5, 1>, RowGroup<6, 1>,
-                                             RowGroup<7, 1>, RowGroup<8, 1>};
+template <typename W>
+GroupFn<W> GroupFor(int64_t m, bool one) {
+  static constexpr GroupFn<W> many[kGroup] = {
+      RowGroup<W, 1, kRowsOfE<1>>, RowGroup<W, 2, kRowsOfE<2>>, RowGroup<W, 3, kRowsOfE<3>>,
+      RowGroup<W, 4, kRowsOfE<4>>, RowGroup<W, 5, kRowsOfE<5>>, RowGroup<W, 6, kRowsOfE<6>>,
+      RowGroup<W, 7, kRowsOfE<7>>, RowGroup<W, 8, kRowsOfE<8>>};
+  static constexpr GroupFn<W> single[kGroup] = {
+      RowGroup<W, 1, 1>, RowGroup<W, 2, 1>, RowGroup<W, 3, 1>, RowGroup<W, 4, 1>,
+      RowGroup<W, 5, 1>, RowGroup<W, 6, 1>, RowGroup<W, 7, 1>, RowGroup<W, 8, 1>};
   return (one ? single : many)[m - 1];
 }
 
 // y[:, v0:v1] for up to kGroup rows of x: groups of rows of e, each read once.
-void Rows(const float* x, const float* e, float* y, int64_t M, int64_t D, int64_t V,
+template <typename W>
+void Rows(const float* x, const W* e, float* y, int64_t M, int64_t D, int64_t V,
           int64_t v0, int64_t v1) {
   const int64_t step = M <= 5 ? 4 : 3;  // kRowsOfE<M>
   for (int64_t v = v0; v < v1;) {
     const bool one = v + step > v1;
-    GroupFor(M, one)(x, e, y, D, V, v, !one && v + 2 * step <= v1);
+    GroupFor<W>(M, one)(x, e, y, D, V, v, !one && v + 2 * step <= v1);
     v += one ? 1 : step;
   }
 }
@@ -75,8 +80,8 @@ void Rows(const float* x, const float* e, float* y, int64_t M, int64_t D, int64_
 // these rows are not bit for bit those of fewer rows (nor are XLA's).
 constexpr int64_t kChunk = 96;
 
-template <int RE, int NV>
-void TileT(const float* xt, const float* e, float* part, int64_t D, int64_t v, int64_t d0,
+template <typename W, int RE, int NV>
+void TileT(const float* xt, const W* e, float* part, int64_t D, int64_t v, int64_t d0,
            int64_t d1, bool prefetch) {
   constexpr int64_t stride = NV * kLanes;
   Vec acc[RE][NV];
@@ -86,7 +91,7 @@ void TileT(const float* xt, const float* e, float* part, int64_t D, int64_t v, i
     Vec xv[NV];
     for (int j = 0; j < NV; ++j) xv[j] = Load(xt + d * stride + j * kLanes);
     for (int r = 0; r < RE; ++r) {
-      const float ev = e[(v + r) * D + d];
+      const float ev = Widen(e[(v + r) * D + d]);
       for (int j = 0; j < NV; ++j) acc[r][j] += ev * xv[j];
     }
     // The same rows of the next chunk into L2, a line at a time: every line once.
@@ -97,14 +102,16 @@ void TileT(const float* xt, const float* e, float* part, int64_t D, int64_t v, i
     for (int j = 0; j < NV; ++j) Store(part + r * stride + j * kLanes, acc[r][j]);
 }
 
-using TileTFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t,
-                         int64_t, bool);
+template <typename W>
+using TileTFn = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t,
+                         bool);
 
-template <int NV>
-void RowsOfE(const float* xt, const float* e, float* y, int64_t M, int64_t D, int64_t V,
+template <typename W, int NV>
+void RowsOfE(const float* xt, const W* e, float* y, int64_t M, int64_t D, int64_t V,
              int64_t v0, int64_t v1) {
-  static constexpr TileTFn tiles[kTileRows] = {TileT<1, NV>, TileT<2, NV>, TileT<3, NV>,
-                                               TileT<4, NV>, TileT<5, NV>, TileT<6, NV>};
+  static constexpr TileTFn<W> tiles[kTileRows] = {TileT<W, 1, NV>, TileT<W, 2, NV>,
+                                                  TileT<W, 3, NV>, TileT<W, 4, NV>,
+                                                  TileT<W, 5, NV>, TileT<W, 6, NV>};
   constexpr int64_t stride = NV * kLanes;
   alignas(64) float part[kChunk * stride];
   for (int64_t c = v0; c < v1; c += kChunk) {
@@ -119,10 +126,11 @@ void RowsOfE(const float* xt, const float* e, float* y, int64_t M, int64_t D, in
   }
 }
 
-void TransposedTiles(const float* x, const float* e, float* y, int64_t M, int64_t D,
+template <typename W>
+void TransposedTiles(const float* x, const W* e, float* y, int64_t M, int64_t D,
                      int64_t V, int64_t v0, int64_t v1) {
-  static constexpr decltype(&RowsOfE<1>) by_width[kMaxRows / kLanes] = {
-      RowsOfE<1>, RowsOfE<2>, RowsOfE<3>, RowsOfE<4>};
+  static constexpr decltype(&RowsOfE<W, 1>) by_width[kMaxRows / kLanes] = {
+      RowsOfE<W, 1>, RowsOfE<W, 2>, RowsOfE<W, 3>, RowsOfE<W, 4>};
   const int64_t nv = (M + kLanes - 1) / kLanes;
   std::unique_ptr<float[]> xt(new float[D * nv * kLanes]());  // x^T, columns padded
   for (int64_t m = 0; m < M; ++m)

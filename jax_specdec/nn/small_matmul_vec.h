@@ -39,10 +39,26 @@ inline float Widen(BFloat w) {
   std::memcpy(&f, &u, sizeof(f));
   return f;
 }
-inline float Widen(Half w) {
-  _Float16 h;
-  std::memcpy(&h, &w, sizeof(h));
-  return static_cast<float>(h);
+inline float Widen(Half w) {  // no _Float16: GCC < 12 has none on x86
+#if defined(__F16C__)
+  return _cvtsh_ss(w.bits);
+#else
+  const uint32_t exponent = (w.bits >> 10) & 0x1f, mantissa = w.bits & 0x3ff;
+  uint32_t u = uint32_t{w.bits & 0x8000u} << 16;
+  if (exponent == 31) {
+    u |= 0x7f800000u | mantissa << 13;  // inf, NaN
+  } else if (exponent > 0) {
+    u |= (exponent + 112) << 23 | mantissa << 13;  // rebias 15 -> 127
+  } else {
+    const float subnormal = static_cast<float>(mantissa) * 0x1p-24f;  // exact
+    uint32_t bits;
+    std::memcpy(&bits, &subnormal, sizeof(bits));
+    u |= bits;
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
 }
 inline Vec LoadW(const float* p) { return Load(p); }
 inline Vec LoadW(const BFloat* p) {

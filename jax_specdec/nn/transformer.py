@@ -199,9 +199,8 @@ class Transformer(nnx.Module):
 
     def _logits(self, x: jax.Array) -> jax.Array:
         """Logits [B, T, V] float32 of the final-normed hidden states x [B, T, D]."""
-        dtype = self.config.jnp_dtype
         if self.lm_head is None:
-            return matmul_t(x, self.embed[...].astype(dtype))
+            return matmul_t(x, self.embed[...])
         return matmul(x, self.lm_head[...], preferred_element_type=_F32)
 
     # --------------------------------------------------------------- forwards
