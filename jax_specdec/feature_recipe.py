@@ -142,9 +142,6 @@ def build_head(
         kept = 8192 if shape is None else shape.kept
     if layers is None:
         layers = 1 if shape is None else shape.layer.num_layers
-    t0 = time.perf_counter()
-    train_set, valid_set = prepare_data(target, tokenizer, data, work_dir)
-    extract_seconds = time.perf_counter() - t0
     config = FeatureHeadConfig.for_target(
         target.config,
         kept,
@@ -152,16 +149,22 @@ def build_head(
         tokenizer_sha256=tokenizer_sha256(tokenizer),
         num_layers=layers,
     )
+    if shape is not None:  # before the extraction, which can take an hour
+        _check_fits(init, shape, config)
+    run_dir = pathlib.Path(work_dir) / "runs" / run_name
+    _record_start(run_dir, init)
+    t0 = time.perf_counter()
+    train_set, valid_set = prepare_data(target, tokenizer, data, work_dir)
+    extract_seconds = time.perf_counter() - t0
     head = FeatureHead(config, rngs=nnx.Rngs(train.seed))
     if init is None:
         init_from_target(head, target, kept_vocabulary(train_set, kept, config.vocab_size))
     else:
         _start_from(head, init)
-    vocab_map = np.asarray(head.vocab_map[...])
-    run_dir = pathlib.Path(work_dir) / "runs" / run_name
     log = train_head(
         head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
     )
+    vocab_map = np.asarray(head.vocab_map[...])  # the run's (a resumed one's, too)
     save_head(head, out, dtype=weights_dtype)
     summary = {
         "data": dataclasses.asdict(data),
@@ -187,25 +190,54 @@ def _saved_config(path) -> FeatureHeadConfig:
     file = pathlib.Path(path) / CONFIG
     if not file.is_file():
         raise FileNotFoundError(f"init head {path} is not a feature head directory (no {CONFIG})")
-    return FeatureHeadConfig.from_dict(json.loads(file.read_text()))
+    try:
+        return FeatureHeadConfig.from_dict(json.loads(file.read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"init head {path}: {file} is not a valid head config: {error}") from None
+
+
+def _check_fits(path, theirs: FeatureHeadConfig, mine: FeatureHeadConfig) -> None:
+    """A ValueError naming both heads and every field in which the saved head `theirs`
+    differs from the head this run builds (the weights' storage type aside)."""
+    a = theirs.layer.replace(param_dtype=mine.layer.param_dtype).to_dict()
+    b = mine.layer.to_dict()
+    differ = [f"{k} {a[k]!r} vs {b[k]!r}" for k in b if a[k] != b[k]]
+    if theirs.kept != mine.kept:
+        differ.append(f"kept {theirs.kept} vs {mine.kept}")
+    if theirs.tokenizer_sha256 not in ("", mine.tokenizer_sha256):
+        differ.append("another tokenizer")
+    if differ:
+        raise ValueError(
+            f"init head {path} (for target {theirs.target!r}) does not fit this run's head "
+            f"(for target {mine.target!r}): {', '.join(differ)}"
+        )
+
+
+def _record_start(run_dir: pathlib.Path, init) -> None:
+    """Writes what the run in `run_dir` starts from beside it; a run that started from
+    something else (another head, or the target's rows) cannot be resumed from here."""
+    start = {"init": None if init is None else str(pathlib.Path(init).resolve())}
+    record = run_dir.with_name(f"{run_dir.name}.start.json")
+    if record.is_file():
+        before = json.loads(record.read_text())
+    else:  # a run from before these records started from the target's rows
+        before = {"init": None} if run_dir.is_dir() and any(run_dir.iterdir()) else start
+    if before != start:
+        raise ValueError(
+            f"run {run_dir} started from {before['init'] or 'the target'}; this command "
+            f"starts from {start['init'] or 'the target'}: give it another --run-name"
+        )
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(start) + "\n")
 
 
 def _start_from(head: FeatureHead, path) -> None:
-    """Sets `head`'s weights and kept tokens to those of the head saved in `path`, which
-    must have its shape and target (else a ValueError naming both)."""
+    """Sets `head`'s weights and kept tokens to those of the head saved in `path` (its
+    shape checked by `_check_fits`)."""
     from jax_specdec.feature_io import load_head
 
     start = load_head(path, param_dtype=head.config.layer.param_dtype)
-    mine, theirs = head.config, start.config
-    same_target = theirs.tokenizer_sha256 in ("", mine.tokenizer_sha256)
-    if theirs.layer != mine.layer or theirs.kept != mine.kept or not same_target:
-        raise ValueError(
-            f"init head {path} (target {theirs.target!r}, kept {theirs.kept}, "
-            f"{theirs.layer.num_layers} layers, d {theirs.d_model}, vocabulary "
-            f"{theirs.vocab_size}) does not fit this run's head (target {mine.target!r}, "
-            f"kept {mine.kept}, {mine.layer.num_layers} layers, d {mine.d_model}, vocabulary "
-            f"{mine.vocab_size}{'' if same_target else ', another tokenizer'})"
-        )
+    _check_fits(path, start.config, head.config)
     nnx.update(head, nnx.state(start))
 
 

@@ -172,6 +172,12 @@ def train_head(
             f"unroll {config.unroll} needs windows longer than it; these have "
             f"{train.tokens.shape[1]} tokens"
         )
+    types = sorted({str(w.dtype) for w in jax.tree.leaves(nnx.state(head, nnx.Param))})
+    if types != ["float32"]:
+        raise ValueError(
+            f"train_head needs float32 weights (optimizer state in 16 bits underflows); "
+            f"the head has {types}: load it with load_head(path, param_dtype='float32')"
+        )
     optimizer = nnx.Optimizer(head, config.optimizer(), wrt=nnx.Param)
     scale, embed, out_rows = feature_scale(train), target.embed[...], output_rows(target)
 

@@ -248,6 +248,9 @@ def test_head_saved_in_float16_stays_float16_and_drafts_the_same(tmp_path):
         save_head(head, tmp_path / "bad", dtype="int8")
     with pytest.raises(ValueError, match="param_dtype"):
         load_head(tmp_path / "half", param_dtype="int8")
+    data = tiny_data(target, tmp_path / "data")
+    with pytest.raises(ValueError, match="float32 weights"):
+        train_head(loaded, target, data, data, HeadTrainConfig(steps=1), checkpoint_dir=tmp_path)
 
 
 def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
@@ -283,4 +286,8 @@ def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     with pytest.raises(SystemExit):
         main([*argv, "--out", str(tmp_path / "bad"), "--kept", "32"])
-    assert "does not fit" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "kept 64 vs 32" in err
+    with pytest.raises(SystemExit):  # the first run's checkpoints did not start from a head
+        main([*argv[:-4], "--work-dir", f"{out}.work", "--init", str(out), "--out", str(out)])
+    assert "another --run-name" in capsys.readouterr().err

@@ -37,7 +37,9 @@ def test_shipped_head_is_shaped_for_smollm2_and_small():
 def test_shipped_head_keeps_greedy_output():
     head = load_head(HEAD)
     target = Transformer(
-        head.config.layer.replace(num_layers=2, tie_embeddings=True, max_len=128),
+        head.config.layer.replace(
+            num_layers=2, tie_embeddings=True, max_len=128, param_dtype="float32"
+        ),
         rngs=nnx.Rngs(0),
         init_scale=0.5,
     )
