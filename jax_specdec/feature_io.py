@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
-__all__ = ["is_feature_head", "load_head", "save_head"]
+__all__ = ["is_feature_head", "load_head", "load_head_config", "save_head"]
 
 CONFIG = "head_config.json"
 WEIGHTS = "model.safetensors"
@@ -61,6 +61,17 @@ def save_head(head: FeatureHead, path: str | os.PathLike, dtype: str | None = No
     (directory / CONFIG).write_text(config.to_json() + "\n")
 
 
+def load_head_config(path: str | os.PathLike) -> FeatureHeadConfig:
+    """The `FeatureHeadConfig` of the head saved in `path` (its weights not read)."""
+    directory = Path(path)
+    if not is_feature_head(directory):
+        raise FileNotFoundError(f"{directory} is not a feature head directory (no {CONFIG})")
+    try:
+        return FeatureHeadConfig.from_dict(json.loads((directory / CONFIG).read_text()))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{directory / CONFIG} is not a valid head config: {error}") from error
+
+
 def load_head(path: str | os.PathLike, param_dtype: str | None = None) -> FeatureHead:
     """The head saved in `path`; every tensor checked against the config first.
 
@@ -69,12 +80,7 @@ def load_head(path: str | os.PathLike, param_dtype: str | None = None) -> Featur
     given: e.g. "float32" to train it further.
     """
     directory = Path(path)
-    if not is_feature_head(directory):
-        raise FileNotFoundError(f"{directory} is not a feature head directory (no {CONFIG})")
-    try:
-        config = FeatureHeadConfig.from_dict(json.loads((directory / CONFIG).read_text()))
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{directory / CONFIG} is not a valid head config: {error}") from error
+    config = load_head_config(directory)
     if param_dtype is not None:
         layer = config.layer.replace(param_dtype=param_dtype)  # checks the name
         config = dataclasses.replace(config, layer=layer)

@@ -26,6 +26,7 @@ from jax_specdec.feature_data import (
     spread_windows,
     windows_of,
 )
+from jax_specdec.feature_io import load_head, load_head_config, save_head
 from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
@@ -135,9 +136,8 @@ def build_head(
     (default 8192) and `layers` (default 1) default to `init`'s where it is given.
     """
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
-    from jax_specdec.feature_io import save_head
 
-    shape = None if init is None else _saved_config(init)
+    shape = None if init is None else load_head_config(init)
     if kept is None:
         kept = 8192 if shape is None else shape.kept
     if layers is None:
@@ -184,18 +184,6 @@ def build_head(
     return summary
 
 
-def _saved_config(path) -> FeatureHeadConfig:
-    from jax_specdec.feature_io import CONFIG
-
-    file = pathlib.Path(path) / CONFIG
-    if not file.is_file():
-        raise FileNotFoundError(f"init head {path} is not a feature head directory (no {CONFIG})")
-    try:
-        return FeatureHeadConfig.from_dict(json.loads(file.read_text()))
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"init head {path}: {file} is not a valid head config: {error}") from None
-
-
 def _check_fits(path, theirs: FeatureHeadConfig, mine: FeatureHeadConfig) -> None:
     """A ValueError naming both heads and every field in which the saved head `theirs`
     differs from the head this run builds (the weights' storage type aside)."""
@@ -233,11 +221,8 @@ def _record_start(run_dir: pathlib.Path, init) -> None:
 
 def _start_from(head: FeatureHead, path) -> None:
     """Sets `head`'s weights and kept tokens to those of the head saved in `path` (its
-    shape checked by `_check_fits`)."""
-    from jax_specdec.feature_io import load_head
-
+    shape checked by `_check_fits` before the extraction)."""
     start = load_head(path, param_dtype=head.config.layer.param_dtype)
-    _check_fits(path, start.config, head.config)
     nnx.update(head, nnx.state(start))
 
 

@@ -172,9 +172,11 @@ def _pieces(kernel, x: jax.Array, w: jax.Array, transposed: bool):
     """More rows than the kernel takes, with 16-bit weights: pieces of at most the limit
     through the kernel (a cast of w would write a float32 copy of it on every call);
     None where that does not apply."""
+    if w.dtype == x.dtype or x.ndim == 0:
+        return None
     limit = MAX_ROWS_T if transposed else MAX_ROWS
-    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x
-    if w.dtype == x.dtype or rows.ndim != 2 or not uses_kernel(rows[:limit], w, transposed):
+    rows = x.reshape(-1, x.shape[-1])
+    if not uses_kernel(rows[:limit], w, transposed):
         return None
     y = jnp.concatenate([kernel(rows[i : i + limit], w) for i in range(0, len(rows), limit)])
     return y.reshape(*x.shape[:-1], y.shape[-1])
