@@ -151,6 +151,7 @@ def build_head(
     )
     if shape is not None:  # before the extraction, which can take an hour
         _check_fits(init, shape, config)
+    init_training = None if init is None else _training_record(init)
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
     _record_start(run_dir, init)
     t0 = time.perf_counter()
@@ -172,6 +173,7 @@ def build_head(
         "kept": kept,
         "layers": layers,
         "init": None if init is None else str(init),
+        "init_training": init_training,
         "train_tokens": int(train_set.tokens.size),
         "kept_coverage_validation_greedy": _coverage(valid_set, vocab_map),
         "feature_seconds_this_call": round(extract_seconds, 1),
@@ -217,6 +219,13 @@ def _record_start(run_dir: pathlib.Path, init) -> None:
         )
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(start) + "\n")
+
+
+def _training_record(path) -> dict | None:
+    """The `training.json` saved beside the head in `path` (None if it has none), so a
+    head trained further records how its starting point was trained."""
+    record = pathlib.Path(path, "training.json")
+    return json.loads(record.read_text()) if record.is_file() else None
 
 
 def _start_from(head: FeatureHead, path) -> None:

@@ -280,7 +280,9 @@ def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     argv += ["--tokens", "2048", "--seq-len", "64", "--steps", "2", "--eval-every", "2"]
     argv += ["--work-dir", str(tmp_path / "work2"), "--init", str(out)]
     assert main([*argv, "--out", str(tmp_path / "again"), "--learning-rate", "0"]) == 0
-    assert json.loads(capsys.readouterr().out)["init"] == str(out)
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["init"] == str(out)
+    assert summary["init_training"] == json.loads((out / "training.json").read_text())
     again, first = load_head(tmp_path / "again"), load_head(out)
     for x, y in zip(*(jax.tree.leaves(nnx.state(h)) for h in (again, first)), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
