@@ -137,6 +137,8 @@ def build_head(
     """
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
 
+    if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
+        raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")
     shape = None if init is None else load_head_config(init)
     if kept is None:
         kept = 8192 if shape is None else shape.kept

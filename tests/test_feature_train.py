@@ -287,9 +287,12 @@ def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     for x, y in zip(*(jax.tree.leaves(nnx.state(h)) for h in (again, first)), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     with pytest.raises(SystemExit):
+        main([*argv, "--out", str(out)])
+    assert "would overwrite its start" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         main([*argv, "--out", str(tmp_path / "bad"), "--kept", "32"])
     err = capsys.readouterr().err
     assert "does not fit" in err and "kept 64 vs 32" in err
     with pytest.raises(SystemExit):  # the first run's checkpoints did not start from a head
-        main([*argv[:-4], "--work-dir", f"{out}.work", "--init", str(out), "--out", str(out)])
+        main([*argv[:-4], "--work-dir", f"{out}.work", "--init", str(out), "--out", f"{out}.b"])
     assert "another --run-name" in capsys.readouterr().err
