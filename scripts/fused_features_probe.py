@@ -67,9 +67,11 @@ def extract(target, windows, directory: pathlib.Path, layers, batch=8):
     graphdef, state = nnx.split(target)
     for start in tqdm(range(0, len(windows), batch), desc=directory.name, unit="batch"):
         file = parts / f"{start:08d}.npz"
-        if file.exists():
-            continue
         tokens = windows[start : start + batch]
+        if file.exists():
+            if not np.array_equal(np.load(file)["tokens"], tokens):
+                raise ValueError(f"{file} holds other windows: use another --work-dir")
+            continue
         top, greedy, mid = _forward(graphdef, state, jnp.asarray(tokens), tuple(layers))
         tmp = file.with_suffix(".tmp.npz")
         np.savez(tmp, tokens=tokens, top=np.asarray(top), greedy=np.asarray(greedy), mid=mid)
