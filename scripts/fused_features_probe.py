@@ -31,8 +31,13 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from jax_specdec import zoo
-from jax_specdec.feature_data import kept_vocabulary
-from jax_specdec.feature_train import HeadTrainConfig, init_from_target, output_rows
+from jax_specdec.feature_data import FeatureSet, kept_vocabulary
+from jax_specdec.feature_train import (
+    HeadTrainConfig,
+    feature_scale,
+    init_from_target,
+    output_rows,
+)
 from jax_specdec.hf import load_model
 from jax_specdec.nn.attention import heads_first
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features
@@ -151,13 +156,13 @@ _KEYS = ("tokens", "top", "greedy", "mid")
 def train(name, fused, target, data, valid, config, args):
     head_config = FeatureHeadConfig.for_target(target.config, args.kept, num_layers=1)
     head = FeatureHead(head_config, rngs=nnx.Rngs(0))
-    kept = kept_vocabulary(_Set(data), args.kept, target.config.vocab_size)
+    as_set = FeatureSet(data["tokens"], data["top"], data["greedy"])
+    kept = kept_vocabulary(as_set, args.kept, target.config.vocab_size)
     init_from_target(head, target, kept)
     model = Fused(head, 1 + len(args.layers), fused)
     optimizer = nnx.Optimizer(model, config.optimizer(), wrt=nnx.Param)
     embed, out_rows = target.embed[...], output_rows(target)
-    sample = data["top"][:64].astype(np.float32)
-    scale = float(np.sqrt(np.mean(sample**2)))
+    scale = feature_scale(as_set)
     rows = []
     start = time.perf_counter()
     bar = tqdm(range(config.steps), desc=name)
@@ -191,11 +196,6 @@ def _tokens(directory: pathlib.Path) -> np.ndarray:
     if not files:
         raise FileNotFoundError(f"no feature parts under {directory}/parts")
     return np.concatenate([np.load(f)["tokens"] for f in files])
-
-
-class _Set:
-    def __init__(self, data):
-        self.tokens, self.greedy = data["tokens"], data["greedy"]
 
 
 def main() -> None:
