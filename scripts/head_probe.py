@@ -1,18 +1,24 @@
-"""Probe: does a feature head draft better when it reads several of the target's layers
-(EAGLE-3's fused features, Li et al. 2025, arXiv 2503.01840) rather than its top layer
-only? Same windows, same seed, same steps; held-out agreement per draft step.
+"""Probe variants of the feature head on the same windows, seed and steps; held-out
+agreement per draft step. Variants (`--variants`):
+
+- "top": the shipped recipe's head (one layer, K 8192, unroll 3, feature weight 0.1),
+  reading the target's top feature as today;
+- "fused": EAGLE-3's fused features (Li et al. 2025, arXiv 2503.01840): the head reads
+  fuse([top; rms(h_a); rms(h_b); ...]) of the hidden states after decoder blocks
+  `--layers`, a learned D x nD map that starts as the identity on the top slot (so it
+  starts as the same function as "top");
+- "blockN": "top" with its decoder layer started as the target's block N (0-based)
+  instead of random weights; for N = 0 its FC also starts as a pass-through of the
+  token embedding, which is what block 0 reads.
 
 Stage 1 extracts, for windows spread over the training corpus and for the held-out
-windows, the target's top features (after the final norm, what heads read today), its
-greedy tokens and the hidden states after decoder layers `--layers` (resumable, in
-parts). Stage 2 trains two heads of the shipped recipe's shape (one layer, K 8192,
-unroll 3, feature weight 0.1): "top" reads the top feature, as today; "fused" reads
-fuse([top; rms(h_a); rms(h_b); ...]), a learned D x nD map that starts as the identity
-on the top slot (so both start as the same function). Writes JSON lines to --out.
+windows, the target's top features (after the final norm), its greedy tokens and the
+hidden states after `--layers` (resumable, in parts). Stage 2 trains each variant.
+Writes JSON lines to --out.
 
-  python scripts/fused_features_probe.py --work-dir ~/.cache/jax_specdec/fused \
+  python scripts/head_probe.py --work-dir ~/.cache/jax_specdec/fused \
       --source ~/.cache/jax_specdec/head18/text-spread-t128-n2000000 --windows 2400 \
-      --steps 1000 --out docs/feature_drafter/fused_probe.jsonl
+      --steps 1000 --variants top fused --out docs/feature_drafter/fused_probe.jsonl
 """
 
 from __future__ import annotations
@@ -153,12 +159,24 @@ def agreement(model, data, embed, steps=3, batch=8):
 _KEYS = ("tokens", "top", "greedy", "mid")
 
 
+def _block_from_target(head: FeatureHead, target, layer: int) -> None:
+    """Starts the head's decoder layer as the target's layer `layer`; from layer 0 the
+    FC also starts as a pass-through of the token embedding (what layer 0 reads)."""
+    nnx.update(head.blocks[0], nnx.state(target.blocks[layer]))
+    if layer == 0:
+        d = head.config.d_model
+        fc = jnp.zeros((2 * d, d), _F32).at[d:].set(jnp.eye(d))
+        head.fc.kernel.set_value(fc.astype(head.fc.kernel[...].dtype))
+
+
 def train(name, fused, target, data, valid, config, args):
     head_config = FeatureHeadConfig.for_target(target.config, args.kept, num_layers=1)
     head = FeatureHead(head_config, rngs=nnx.Rngs(0))
     as_set = FeatureSet(data["tokens"], data["top"], data["greedy"])
     kept = kept_vocabulary(as_set, args.kept, target.config.vocab_size)
     init_from_target(head, target, kept)
+    if name.startswith("block"):
+        _block_from_target(head, target, int(name[len("block") :]))
     model = Fused(head, 1 + len(args.layers), fused)
     optimizer = nnx.Optimizer(model, config.optimizer(), wrt=nnx.Param)
     embed, out_rows = target.embed[...], output_rows(target)
@@ -208,12 +226,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--kept", type=int, default=8192)
-    p.add_argument("--variants", nargs="+", default=["top", "fused"])
+    p.add_argument("--variants", nargs="+", default=["top", "fused"], help="top, fused, blockN")
     p.add_argument("--extract-only", action="store_true")
     p.add_argument("--out", default="fused_probe.jsonl")
     args = p.parse_args()
     zoo.enable_compilation_cache(True)
     target = load_model(zoo.resolve("smollm2-135m"))
+    blocks = {f"block{i}" for i in range(target.config.num_layers)}
+    unknown = [v for v in args.variants if v not in {"top", "fused", *blocks}]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; use top, fused or block0 … block{len(blocks) - 1}")
     source = pathlib.Path(args.source)
     windows = _tokens(source)
     pick = np.linspace(0, len(windows) - 1, min(args.windows, len(windows))).round().astype(int)
