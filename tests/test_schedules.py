@@ -368,6 +368,26 @@ def test_cost_model_acceptance_per_position():
     assert CostModel(0.0, costs, prior_alpha=np.array([0.9, 0.1])).prior_alpha == (0.9, 0.1)
 
 
+def test_cost_model_explore_keeps_drafting_through_an_unlucky_start():
+    # Round costs (ms, γ = 0 … 4) and acceptance the SmolLM2 head's batch-4 sweep
+    # calibrated (docs/schedules.md). Drafting pays at α ≈ 0.5, but one row's first
+    # position missed four times in a row switches a plain posterior mean off for good
+    # (γ = 0 rounds teach it nothing); an upper confidence bound keeps drafting.
+    costs, prior = (26.2, 31.7, 44.9, 50.6, 54.1), (0.52, 0.51, 0.48, 0.56)
+    unlucky = stats_of(rejected_at=np.array([[4, 0, 0, 0]] + [[0] * 4] * 3, np.int32))
+    assert set(CostModel(0.0, costs, prior)(unlucky).tolist()) == {0}
+    optimist = CostModel(0.0, costs, prior, explore=1.0)
+    assert set(optimist(unlucky).tolist()) == {1}
+    # Firm evidence still switches drafting off, and without evidence the rule is the
+    # posterior mean's.
+    poor = stats_of(**per_position([[0.1] * 4] + [[0.5] * 4] * 3, rounds=100))
+    assert set(optimist(poor).tolist()) == {0}
+    seen = stats_of(**per_position([[0.5] * 4] * 4, rounds=10**6))
+    np.testing.assert_allclose(
+        optimist.alpha(seen), CostModel(0.0, costs, prior).alpha(seen), atol=1e-3
+    )
+
+
 def test_custom_schedule_clips_and_checks():
     c = Custom(lambda s: s.accepted - 1, max_gamma=3)
     assert c(stats_of(accepted=[0, 2, 9])).tolist() == [0, 1, 3]
@@ -415,6 +435,7 @@ def test_ngram_matches_a_python_reference():
         (lambda: CostModel(0.1, (1.0, 1.0, 1.0), prior_alpha=(0.5,)), "prior_alpha"),
         (lambda: CostModel(0.1, (1.0, float("inf"))), "finite"),
         (lambda: CostModel(0.1, (1.0, 1.0), prior_weight=float("inf")), "prior_weight"),
+        (lambda: CostModel(0.1, (1.0, 1.0), explore=-1.0), "explore"),
         (lambda: Custom(3), "Custom.fn"),
         (lambda: NGram(max_ngram=0), "NGram.max_ngram"),
         (lambda: NGram(max_ngram=2, min_ngram=3), "min_ngram"),

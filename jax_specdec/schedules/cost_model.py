@@ -50,13 +50,21 @@ class CostModel:
 
     γ = 0 runs a plain decode step, so speculation switches itself off where it does
     not pay. α is only learned from rounds that draft: once γ = 0 is chosen it stays
-    chosen unless the rows' remaining work changes the answer.
+    chosen unless the rows' remaining work changes the answer. So a few unlucky
+    rejections early in a run can switch drafting off for good where it pays on
+    average (with the batch-4 round costs of docs/schedules.md and α ≈ 0.5, four
+    misses in a row at one row's first position do it). `explore` > 0 plans with each
+    α that many posterior standard deviations higher (an upper confidence bound,
+    capped at 0.99): a row keeps drafting until the evidence against it is firm, then
+    switches off as before. It is off by default;
+    docs/schedules.md has what it was measured to do.
     """
 
     draft_cost: float
     verify_costs: tuple[float, ...]
     prior_alpha: float | tuple[float, ...] = 0.6
     prior_weight: float = 4.0
+    explore: float = 0.0
 
     min_gamma = 0
 
@@ -84,6 +92,8 @@ class CostModel:
             raise ValueError(
                 f"CostModel.prior_weight must be finite and > 0, got {self.prior_weight}"
             )
+        if not 0 <= self.explore < math.inf:
+            raise ValueError(f"CostModel.explore must be finite and >= 0, got {self.explore}")
 
     @property
     def max_gamma(self) -> int:
@@ -95,12 +105,18 @@ class CostModel:
         return g * self.draft_cost + jnp.asarray(self.verify_costs, jnp.float32)
 
     def alpha(self, stats: ScheduleStats) -> jax.Array:
-        """[B, max_gamma] each row's estimated acceptance of each draft position."""
+        """[B, max_gamma] each row's estimated acceptance of each draft position: the
+        Beta posterior's mean, plus `explore` of its standard deviations."""
         prior = jnp.broadcast_to(jnp.asarray(self.prior_alpha, jnp.float32), (self.max_gamma,))
         a = prior * self.prior_weight
         b = (1.0 - prior) * self.prior_weight
         accepted = stats.accepted_at.astype(jnp.float32)
-        return (accepted + a) / (accepted + stats.rejected_at + a + b)
+        seen = accepted + stats.rejected_at + a + b
+        mean = (accepted + a) / seen
+        if not self.explore:
+            return mean
+        sd = jnp.sqrt(mean * (1.0 - mean) / (seen + 1.0))  # the Beta posterior's
+        return jnp.minimum(mean + self.explore * sd, 0.99)
 
     def tokens(self, stats: ScheduleStats) -> tuple[jax.Array, jax.Array]:
         """Mean and variance of each row's tokens per round, [B, max_gamma + 1] by γ."""
