@@ -6,6 +6,7 @@ files held out of training.
   python scripts/head_bench.py --target smollm2-135m --head models/smollm2-135m-eagle \
       --gamma 4 --batch 1 --max-new-tokens 128
   python scripts/head_bench.py --target smollm2-135m --draft DRAFT_DIR --gamma 4
+  python scripts/head_bench.py --head HEAD_A --versus HEAD_B   # two heads, same runs
 """
 
 from __future__ import annotations
@@ -95,6 +96,17 @@ def load_drafter(args):
         raise SystemExit(str(e)) from None
 
 
+def _attach(directory, target, tokenizer):
+    """The feature head saved in `directory`, attached to the loaded target."""
+    from jax_specdec.decode.feature_drafter import attach
+    from jax_specdec.feature_io import load_head
+
+    try:
+        return attach(load_head(directory), target, tokenizer)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--versus: {e}") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m")
@@ -110,6 +122,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-speed", action="store_true", help="acceptance only")
     p.add_argument("--ngram", action="store_true", help="time the n-gram proposer beside it")
+    p.add_argument("--versus", help="a second feature head's directory, timed in the same runs")
     p.add_argument(
         "--reference",
         action="store_true",
@@ -118,6 +131,10 @@ def main() -> None:
     args = p.parse_args()
     if args.reference and (args.temperature != 0 or args.head is None):
         p.error("--reference replays a head's greedy rounds: use it with --head, --temperature 0")
+    if args.versus and (args.head is None or args.no_speed):
+        p.error(
+            "--versus times a second head beside --head: use it with --head, without --no-speed"
+        )
     zoo.enable_compilation_cache(True)
     target, draft, tokenizer = load_drafter(args)
     prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len)
@@ -125,12 +142,19 @@ def main() -> None:
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
     plain = Generator(target, sampling=sampling)
     ngram = Generator(target, NGram(), num_draft_tokens=args.gamma, sampling=sampling)
+    versus = args.versus and Generator(
+        target,
+        _attach(args.versus, target, tokenizer),
+        num_draft_tokens=args.gamma,
+        sampling=sampling,
+    )
     rows = []
     for start in range(0, len(prompts), args.batch):
         chunk, key = prompts[start : start + args.batch], jax.random.key(start)
         bound = dict(key=key, max_new_tokens=args.max_new_tokens)
         runs = [spec.bind(chunk, **bound), plain.bind(chunk, **bound)]
         runs += [ngram.bind(chunk, **bound)] if args.ngram else []
+        runs += [versus.bind(chunk, **bound)] if versus else []
         t0 = time.perf_counter()
         out = jax.block_until_ready(runs[0]())
         row = {"compile_and_run_seconds": round(time.perf_counter() - t0, 2)}
@@ -143,6 +167,11 @@ def main() -> None:
             row["ar_tokens_per_s"] = round(int(np.asarray(out.lengths).sum()) / timed[1].seconds, 1)
             if args.ngram:
                 row["ngram_speedup"] = round(timed[1].seconds / timed[2].seconds, 3)
+            if versus:
+                row["versus_speedup"] = round(timed[1].seconds / timed[-1].seconds, 3)
+                other = jax.block_until_ready(runs[-1]())
+                per_round = other.stats.tokens_per_round(other.lengths)
+                row["versus_tokens_per_round"] = round(float(per_round), 3)
         row["accepted_through"], row["alpha_per_position"] = per_position(out.stats)
         row["tokens_per_round"] = round(float(out.stats.tokens_per_round(out.lengths)), 3)
         if args.reference:
