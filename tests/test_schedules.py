@@ -378,14 +378,22 @@ def test_cost_model_explore_keeps_drafting_through_an_unlucky_start():
     assert set(CostModel(0.0, costs, prior)(unlucky).tolist()) == {0}
     optimist = CostModel(0.0, costs, prior, explore=1.0)
     assert set(optimist(unlucky).tolist()) == {1}
-    # Firm evidence still switches drafting off, and without evidence the rule is the
-    # posterior mean's.
+    # Beta(a, b) after 4 misses: mean a / (a + b), plus one sd sqrt(m (1 - m) / (a + b + 1)).
+    a, b = 0.52 * 4, 0.48 * 4 + 4
+    m = a / (a + b)
+    np.testing.assert_allclose(
+        optimist.alpha(unlucky)[0, 0], m + np.sqrt(m * (1 - m) / (a + b + 1)), rtol=1e-5
+    )
+    # Firm evidence still switches drafting off, and with plenty of it the optimism
+    # vanishes; it never plans below the mean.
     poor = stats_of(**per_position([[0.1] * 4] + [[0.5] * 4] * 3, rounds=100))
     assert set(optimist(poor).tolist()) == {0}
     seen = stats_of(**per_position([[0.5] * 4] * 4, rounds=10**6))
     np.testing.assert_allclose(
         optimist.alpha(seen), CostModel(0.0, costs, prior).alpha(seen), atol=1e-3
     )
+    sure = stats_of(**per_position([[0.995] * 4], rounds=10**4))
+    assert np.all(optimist.alpha(sure) >= CostModel(0.0, costs, prior).alpha(sure))
 
 
 def test_custom_schedule_clips_and_checks():

@@ -55,8 +55,10 @@ class CostModel:
     average (with the batch-4 round costs of docs/schedules.md and α ≈ 0.5, four
     misses in a row at one row's first position do it). `explore` > 0 plans with each
     α that many posterior standard deviations higher (an upper confidence bound,
-    capped at 0.99): a row keeps drafting until the evidence against it is firm, then
-    switches off as before. It is off by default;
+    capped at 0.99, never below the mean): a row keeps drafting until the evidence
+    against it is firm, then switches off as before. It is optimistic from the start
+    too: with no rounds seen and a prior of weight 4, α ≈ 0.5 plans as ≈ 0.73 (at the
+    batch-1 costs of the same sweep, a first round of γ 4 instead of 3). It is off by default;
     docs/schedules.md has what it was measured to do.
     """
 
@@ -116,7 +118,7 @@ class CostModel:
         if not self.explore:
             return mean
         sd = jnp.sqrt(mean * (1.0 - mean) / (seen + 1.0))  # the Beta posterior's
-        return jnp.minimum(mean + self.explore * sd, 0.99)
+        return jnp.maximum(mean, jnp.minimum(mean + self.explore * sd, 0.99))
 
     def tokens(self, stats: ScheduleStats) -> tuple[jax.Array, jax.Array]:
         """Mean and variance of each row's tokens per round, [B, max_gamma + 1] by γ."""
