@@ -168,8 +168,10 @@ def main() -> None:
             if args.ngram:
                 row["ngram_speedup"] = round(timed[1].seconds / timed[2].seconds, 3)
             if versus:
+                other = timed[-1].output
+                made = int(np.asarray(other.lengths).sum())
                 row["versus_speedup"] = round(timed[1].seconds / timed[-1].seconds, 3)
-                other = jax.block_until_ready(runs[-1]())
+                row["versus_tokens_per_s"] = round(made / timed[-1].seconds, 1)
                 per_round = other.stats.tokens_per_round(other.lengths)
                 row["versus_tokens_per_round"] = round(float(per_round), 3)
         row["accepted_through"], row["alpha_per_position"] = per_position(out.stats)

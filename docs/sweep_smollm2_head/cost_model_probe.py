@@ -10,6 +10,7 @@ the same inputs. A variant `eXwY` is `CostModel(..., explore=X, prior_weight=Y)`
 
 import argparse
 import json
+import re
 
 import jax
 import numpy as np
@@ -33,12 +34,14 @@ prompts = [tok.encode(x).ids for x in read_prompts("docs/sweep_smollm2_head/prom
 calibrated = next(c for c in json.load(open(a.sweep))["costs"] if c["batch"] == a.batch)
 t = f"{a.temperature:g}"
 costs = tuple(ms / 1e3 for ms in calibrated[f"round_ms_t{t}"])
-prior = tuple(calibrated[f"prior_alpha_t{t}"])
+prior = calibrated[f"prior_alpha_t{t}"]  # one number, or one per draft position
 sampling = SamplingConfig(a.temperature)
 names = ["ar", "g1", "g2"]  # autoregressive, constant γ 1 and 2
 generators = [Generator(target, sampling=sampling)]
 generators += [Generator(target, draft, schedule=Constant(g), sampling=sampling) for g in (1, 2)]
 for variant in a.variants.split(","):
+    if not re.fullmatch(r"e[0-9.]+w[0-9.]+", variant):
+        p.error(f"--variants: {variant!r} is not eXwY (explore X, prior weight Y)")
     explore, weight = (float(x) for x in variant[1:].split("w"))
     model = CostModel(0.0, costs, prior, prior_weight=weight, explore=explore)
     names.append(variant)
