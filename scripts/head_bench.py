@@ -142,12 +142,10 @@ def main() -> None:
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
     plain = Generator(target, sampling=sampling)
     ngram = Generator(target, NGram(), num_draft_tokens=args.gamma, sampling=sampling)
-    versus = args.versus and Generator(
-        target,
-        _attach(args.versus, target, tokenizer),
-        num_draft_tokens=args.gamma,
-        sampling=sampling,
-    )
+    versus = None
+    if args.versus:
+        other = _attach(args.versus, target, tokenizer)
+        versus = Generator(target, other, num_draft_tokens=args.gamma, sampling=sampling)
     rows = []
     for start in range(0, len(prompts), args.batch):
         chunk, key = prompts[start : start + args.batch], jax.random.key(start)

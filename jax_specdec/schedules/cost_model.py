@@ -58,8 +58,8 @@ class CostModel:
     capped at 0.99, never below the mean): a row keeps drafting until the evidence
     against it is firm, then switches off as before. It is optimistic from the start
     too: with no rounds seen and a prior of weight 4, α ≈ 0.5 plans as ≈ 0.73 (at the
-    batch-1 costs of the same sweep, a first round of γ 4 instead of 3). It is off by default;
-    docs/schedules.md has what it was measured to do.
+    batch-1 costs of the same sweep, a first round of γ 4 instead of 3). It is off by
+    default; docs/schedules.md has what it was measured to do.
     """
 
     draft_cost: float
