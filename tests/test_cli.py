@@ -104,14 +104,14 @@ def test_generate_bad_input_one_line_exit_2(pair, extra, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def sweep(target, draft, out, temperatures, capsys):
+def sweep(target, draft, out, temperatures, capsys, extra=()):
     """A small sweep (batch 2, γ 2, 6 tokens) through the CLI: (printed table, JSON)."""
     prompts = out.parent / "prompts.txt"
     prompts.write_text("def f(x):\\n    return\nimport os\nclass A:\n")
     argv = ["sweep", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts)]
     argv += ["--batches", "2", "--temperatures", temperatures, "--gammas", "2"]
     argv += ["--max-gamma", "2", "--max-new-tokens", "6", "--repeats", "1"]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, *extra, "--out", str(out)]) == 0
     return capsys.readouterr().out, json.loads((out / "sweep.json").read_text())
 
 
@@ -149,7 +149,8 @@ def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
 
 
 def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
-    """A head has no confidence schedule: the sweep times the rest, and its draft step."""
+    """A head has no confidence schedule: the sweep times the rest, and its draft step;
+    with --explore, the exploring cost model beside the plain one."""
     from flax import nnx
 
     from jax_specdec.decode.feature_drafter import tokenizer_sha256
@@ -164,9 +165,17 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     head.vocab_map.set_value(np.arange(64, dtype=np.int32) * 3)
     save_head(head, tmp_path / "head")
     out = tmp_path / "sweep"
-    table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys)
+    table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys, ["--explore", "1"])
     names = {r["schedule"] for r in results["rows"]}
-    assert names == {"autoregressive", "constant", "heuristic", "cost_model", "ngram"}
+    assert names == {
+        "autoregressive",
+        "constant",
+        "heuristic",
+        "cost_model",
+        "cost_model_explore",
+        "ngram",
+    }
+    assert results["settings"]["explore"] == 1.0 and "exploring (mean γ)" in table
     assert all(r.get("same_tokens_as_autoregressive", True) for r in results["rows"])
     (constant,) = [r for r in results["rows"] if r["schedule"] == "constant"]
     assert constant["gamma_rounds"][2] > 0  # the head drafted
@@ -181,6 +190,8 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
         (["--gammas", "4", "--max-gamma", "2"], "--max-gamma"),
         (["--temperatures", "-1"], "--temperatures"),
         (["--threshold", "2"], "--threshold"),
+        (["--explore", "-1"], "--explore"),
+        (["--explore", "nan"], "--explore"),
         (["--target", "/nonexistent"], "nonexistent"),
         (["--prompts", "/nonexistent.txt"], "nonexistent"),
     ],
@@ -204,3 +215,14 @@ def test_generate_help_names_the_real_model_gguf_and_ngram(capsys):
     draft = text[text.index("--draft DRAFT") : text.index("--max-new-tokens")]
     assert "smollm2-135m" in target and ".gguf" in target
     assert "ngram" in draft and ".gguf" in draft
+
+
+def test_sweep_times_the_exploring_cost_model_with_its_explore():
+    from jax_specdec.schedules import CostModel
+    from jax_specdec.sweep.run import _schedules
+
+    cost = CostModel(draft_cost=0.0, verify_costs=(1.0, 1.2, 1.4))
+    rows = {name: s for name, _, _, s in _schedules([1, 2], 2, 0.4, cost, None, 1.5)}
+    assert rows["cost_model"].explore == 0.0 and rows["cost_model_explore"].explore == 1.5
+    assert rows["cost_model_explore"].verify_costs == cost.verify_costs
+    assert "cost_model_explore" not in {r[0] for r in _schedules([1, 2], 2, 0.4, cost, None, 0.0)}

@@ -28,6 +28,12 @@ def add_parser(sub) -> None:
     sw.add_argument(
         "--min-rows", type=int, default=8, help="small batches run on several prompt groups"
     )
+    sw.add_argument(
+        "--explore",
+        type=float,
+        default=0.0,
+        help="also time the cost model planning this many posterior sds above its α (0: not)",
+    )
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="docs/sweep", help="output directory")
     sw.set_defaults(handler=run, parser=sw)
@@ -44,6 +50,8 @@ def _check(args) -> None:
         raise ValueError(f"--temperatures must be >= 0, got {args.temperatures}")
     if not 0.0 <= args.threshold <= 1.0:
         raise ValueError(f"--threshold must lie in [0, 1], got {args.threshold}")
+    if not 0.0 <= args.explore < float("inf"):
+        raise ValueError(f"--explore must be finite and >= 0, got {args.explore}")
     if args.max_new_tokens < 1 or args.repeats < 1 or args.min_rows < 1:
         raise ValueError("--max-new-tokens, --repeats and --min-rows must be >= 1")
     try:
@@ -74,6 +82,7 @@ def run(args, parser) -> int:
         repeats=args.repeats,
         seed=args.seed,
         min_rows=args.min_rows,
+        explore=args.explore,
     )
     results["models"] = {"target": str(args.target), "draft": str(args.draft)}
     paths = write_report(results, pathlib.Path(args.out))

@@ -18,7 +18,7 @@ def summary(results: dict) -> list[dict]:
     """Per (batch, temperature): the best constant γ and each dynamic schedule's speedup
     (confidence None where the drafter has none: a feature head), and whether the cost
     model met its goals (never slower than autoregressive, within 5% of the best
-    constant γ)."""
+    constant γ); `cost_model_explore` where the sweep timed the exploring cost model."""
     out = []
     keys = sorted({(r["batch"], r["temperature"]) for r in results["rows"]})
     for batch, temperature in keys:
@@ -28,6 +28,7 @@ def summary(results: dict) -> list[dict]:
         by = {r["schedule"]: r for r in rows if r["schedule"] != "constant"}
         best = max((r for r in rows if r["schedule"] == "constant"), key=lambda r: r["speedup"])
         cost = by["cost_model"]["speedup"]
+        explore = by.get("cost_model_explore")
         out.append(
             {
                 "batch": batch,
@@ -38,6 +39,8 @@ def summary(results: dict) -> list[dict]:
                 "confidence": by["confidence"]["speedup"] if "confidence" in by else None,
                 "cost_model": cost,
                 "cost_model_mean_gamma": by["cost_model"]["mean_gamma"],
+                "cost_model_explore": explore and explore["speedup"],
+                "cost_model_explore_mean_gamma": explore and explore["mean_gamma"],
                 "ngram": by["ngram"]["speedup"],
                 "cost_model_not_slower": cost >= 1.0,
                 "cost_model_within_5pct": cost >= 0.95 * max(best["speedup"], 1.0),
@@ -48,6 +51,8 @@ def summary(results: dict) -> list[dict]:
 
 def markdown_summary(results: dict) -> str:
     """The summary as two markdown tables: speedups per setting, and the switch's price."""
+    settings = summary(results)
+    explore = any(s["cost_model_explore"] is not None for s in settings)
     rows = [
         [
             s["batch"],
@@ -57,9 +62,10 @@ def markdown_summary(results: dict) -> str:
             f"{s['heuristic']:.2f}",
             "—" if s["confidence"] is None else f"{s['confidence']:.2f}",
             f"{s['cost_model']:.2f} ({s['cost_model_mean_gamma']:.1f})",
+            *([_speedup(s["cost_model_explore"], s["cost_model_explore_mean_gamma"])] * explore),
             f"{s['ngram']:.2f}",
         ]
-        for s in summary(results)
+        for s in settings
     ]
     header = [
         "batch",
@@ -69,6 +75,7 @@ def markdown_summary(results: dict) -> str:
         "heuristic",
         "confidence",
         "cost model (mean γ)",
+        *(["exploring (mean γ)"] * explore),
         "n-gram",
     ]
     switch = [[s["batch"], f"{s['dynamic_over_constant']:.3f}"] for s in results["switch"]]
@@ -77,6 +84,10 @@ def markdown_summary(results: dict) -> str:
         + "\n\n"
         + markdown_table(["batch", "dynamic γ=2 round / constant γ=2 round"], switch)
     )
+
+
+def _speedup(speedup, mean_gamma) -> str:
+    return "—" if speedup is None else f"{speedup:.2f} ({mean_gamma:.1f})"
 
 
 def write_report(results: dict, out_dir) -> list[pathlib.Path]:

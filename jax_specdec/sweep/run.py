@@ -4,10 +4,11 @@ For every batch size and temperature it calibrates a `CostModel` from whole roun
 timed in the loop (γ = 0 … max_gamma on the batch's prompt groups), then times the
 autoregressive baseline and each schedule, one compiled program each, interleaved
 pass by pass (medians of `repeats` runs, compilation apart): constant γ for each γ in
-the grid, the heuristic, the confidence threshold, the cost model and the n-gram
-proposer. It also times a dynamic schedule that always asks for γ = 2 against constant γ = 2
-(greedy, so both emit the same tokens in the same rounds): the price of choosing γ
-inside the program.
+the grid, the heuristic, the confidence threshold, the cost model (and, with
+`explore` > 0, the same cost model planning on optimistic acceptance, side by side) and
+the n-gram proposer. It also times a dynamic schedule that always asks for γ = 2
+against constant γ = 2 (greedy, so both emit the same tokens in the same rounds): the
+price of choosing γ inside the program.
 
 `run_sweep` returns a JSON-able dict; `write_report` writes it with PNG plots and a
 markdown table.
@@ -89,19 +90,22 @@ def _run_interleaved(generators, groups, key, max_new_tokens, repeats) -> list[_
     return out
 
 
-def _schedules(gammas, max_gamma, threshold, cost_model, draft):
+def _schedules(gammas, max_gamma, threshold, cost_model, draft, explore: float):
     """(name, γ or None, drafts with NGram, schedule) for one setting. A feature head
-    has no confidence schedule (the Generator refuses it), so none is timed."""
+    has no confidence schedule (the Generator refuses it), so none is timed; the
+    exploring cost model only where `explore` > 0."""
     rows = [("constant", g, False, Constant(g)) for g in gammas]
     rows += [
         ("heuristic", None, False, Heuristic(initial=min(4, max_gamma), max_gamma=max_gamma)),
         ("confidence", None, False, Confidence(threshold=threshold, max_gamma=max_gamma)),
         ("cost_model", None, False, cost_model),
+        ("cost_model_explore", None, False, dataclasses.replace(cost_model, explore=explore)),
         ("ngram", None, True, Heuristic(initial=min(2, max_gamma), max_gamma=max_gamma)),
     ]
-    if isinstance(draft, FeatureDraft):
-        rows = [r for r in rows if r[0] != "confidence"]
-    return rows
+    skip = {"confidence"} if isinstance(draft, FeatureDraft) else set()
+    if not explore:
+        skip.add("cost_model_explore")
+    return [r for r in rows if r[0] not in skip]
 
 
 def _row(name, gamma, ngram, out: _Run, ar: _Run, cost, parts) -> dict:
@@ -163,7 +167,9 @@ def _temperature(target, draft, groups, temperature, parts, sweep: dict) -> tupl
         f"round_ms_t{temperature:g}": [1e3 * c for c in cost.verify_costs],
         f"prior_alpha_t{temperature:g}": cost.prior_alpha,
     }
-    settings = _schedules(sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost, draft)
+    settings = _schedules(
+        sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost, draft, sweep["explore"]
+    )
     generators = [Generator(target, sampling=sampling)]
     generators += [
         Generator(target, NGram() if ngram else draft, schedule=schedule, sampling=sampling)
@@ -219,6 +225,7 @@ def run_sweep(
     repeats: int = 3,
     seed: int = 0,
     min_rows: int = 8,
+    explore: float = 0.0,
     progress: bool = True,
 ) -> dict:
     """Times every schedule against autoregressive decoding; see the module docstring.
@@ -226,7 +233,8 @@ def run_sweep(
     `draft` is a draft model or a feature head attached to the target (`attach`; it has
     no confidence schedule). Rows of a batch cycle through `prompts`; batches smaller
     than `min_rows` are run on several prompt groups (batch 1 on `min_rows` prompts)
-    and their times summed.
+    and their times summed. `explore` > 0 also times the cost model with
+    `CostModel.explore` set to it, interleaved with the rest.
     Returns a dict with the settings, one row per (batch, temperature, schedule) and
     the γ = 2 switch check per batch.
     """
@@ -236,6 +244,8 @@ def run_sweep(
         raise ValueError("prompts is empty")
     if max(gammas) > max_gamma:
         raise ValueError(f"gammas ({max(gammas)}) exceed max_gamma ({max_gamma})")
+    if not 0.0 <= explore < float("inf"):
+        raise ValueError(f"explore must be finite and >= 0, got {explore}")
     sweep = {
         "batches": list(batches),
         "temperatures": list(temperatures),
@@ -247,6 +257,7 @@ def run_sweep(
         "prompts": len(prompts),
         "min_rows": min_rows,
         "seed": seed,
+        "explore": explore,
     }
     results = {
         "target": dataclasses.asdict(target.config),
