@@ -98,11 +98,10 @@ def load_drafter(args):
 
 def _attach(directory, target, tokenizer):
     """The feature head saved in `directory`, attached to the loaded target."""
-    from jax_specdec.decode.feature_drafter import attach
-    from jax_specdec.feature_io import load_head
+    from jax_specdec.cli.common import attach_head
 
     try:
-        return attach(load_head(directory), target, tokenizer)
+        return attach_head(directory, target, tokenizer)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"--versus: {e}") from None
 

@@ -91,11 +91,8 @@ def load_pair(args):
         return load_model(target_dir), NGram(), load_tokenizer(target_dir)
     draft_dir = model_dir(args.draft, "draft")
     if (draft_dir / "head_config.json").is_file():  # a feature head: drafts from its features
-        from jax_specdec.decode.feature_drafter import attach
-        from jax_specdec.feature_io import load_head
-
         target, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
-        return target, attach(load_head(draft_dir), target, tokenizer), tokenizer
+        return target, attach_head(draft_dir, target, tokenizer), tokenizer
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")
@@ -104,6 +101,15 @@ def load_pair(args):
             f"the draft's tokenizer ({draft_dir}/tokenizer.json) differs from the target's"
         )
     return load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir)
+
+
+def attach_head(directory, target, tokenizer):
+    """The feature head saved in `directory`, attached to the loaded target (errors if
+    it was trained for another target or tokenizer)."""
+    from jax_specdec.decode.feature_drafter import attach
+    from jax_specdec.feature_io import load_head
+
+    return attach(load_head(directory), target, tokenizer)
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
