@@ -118,7 +118,7 @@ def sweep(target, draft, out, temperatures, capsys, extra=()):
 def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
     out = tmp_path / "sweep"
     table, results = sweep(pair / "target", pair / "draft", out, "0,1", capsys)
-    assert "| batch | T | best constant γ |" in table
+    assert "| batch | T | best constant γ |" in table and "exploring" not in table
     rows = results["rows"]
     # Per temperature: autoregressive, constant γ=2, heuristic, confidence, cost model, n-gram.
     assert len(rows) == 2 * 6
@@ -219,10 +219,12 @@ def test_generate_help_names_the_real_model_gguf_and_ngram(capsys):
 
 def test_sweep_times_the_exploring_cost_model_with_its_explore():
     from jax_specdec.schedules import CostModel
-    from jax_specdec.sweep.run import _schedules
+    from jax_specdec.sweep.run import _schedules, run_sweep
 
     cost = CostModel(draft_cost=0.0, verify_costs=(1.0, 1.2, 1.4))
     rows = {name: s for name, _, _, s in _schedules([1, 2], 2, 0.4, cost, None, 1.5)}
     assert rows["cost_model"].explore == 0.0 and rows["cost_model_explore"].explore == 1.5
     assert rows["cost_model_explore"].verify_costs == cost.verify_costs
     assert "cost_model_explore" not in {r[0] for r in _schedules([1, 2], 2, 0.4, cost, None, 0.0)}
+    with pytest.raises(ValueError, match="explore"):
+        run_sweep(None, None, [[1, 2]], gammas=(1,), max_gamma=2, explore=float("nan"))

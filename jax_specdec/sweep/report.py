@@ -39,8 +39,8 @@ def summary(results: dict) -> list[dict]:
                 "confidence": by["confidence"]["speedup"] if "confidence" in by else None,
                 "cost_model": cost,
                 "cost_model_mean_gamma": by["cost_model"]["mean_gamma"],
-                "cost_model_explore": explore and explore["speedup"],
-                "cost_model_explore_mean_gamma": explore and explore["mean_gamma"],
+                "cost_model_explore": None if explore is None else explore["speedup"],
+                "cost_model_explore_mean_gamma": None if explore is None else explore["mean_gamma"],
                 "ngram": by["ngram"]["speedup"],
                 "cost_model_not_slower": cost >= 1.0,
                 "cost_model_within_5pct": cost >= 0.95 * max(best["speedup"], 1.0),
@@ -52,9 +52,11 @@ def summary(results: dict) -> list[dict]:
 def markdown_summary(results: dict) -> str:
     """The summary as two markdown tables: speedups per setting, and the switch's price."""
     settings = summary(results)
-    explore = any(s["cost_model_explore"] is not None for s in settings)
-    rows = [
-        [
+    # The sweep times the exploring cost model in every setting or in none.
+    explore = settings[0]["cost_model_explore"] is not None
+    rows = []
+    for s in settings:
+        row = [
             s["batch"],
             f"{s['temperature']:g}",
             s["best_constant_gamma"],
@@ -62,11 +64,10 @@ def markdown_summary(results: dict) -> str:
             f"{s['heuristic']:.2f}",
             "—" if s["confidence"] is None else f"{s['confidence']:.2f}",
             f"{s['cost_model']:.2f} ({s['cost_model_mean_gamma']:.1f})",
-            *([_speedup(s["cost_model_explore"], s["cost_model_explore_mean_gamma"])] * explore),
-            f"{s['ngram']:.2f}",
         ]
-        for s in settings
-    ]
+        if explore:
+            row.append(f"{s['cost_model_explore']:.2f} ({s['cost_model_explore_mean_gamma']:.1f})")
+        rows.append([*row, f"{s['ngram']:.2f}"])
     header = [
         "batch",
         "T",
@@ -75,7 +76,7 @@ def markdown_summary(results: dict) -> str:
         "heuristic",
         "confidence",
         "cost model (mean γ)",
-        *(["exploring (mean γ)"] * explore),
+        *(["exploring (mean γ)"] if explore else []),
         "n-gram",
     ]
     switch = [[s["batch"], f"{s['dynamic_over_constant']:.3f}"] for s in results["switch"]]
@@ -84,10 +85,6 @@ def markdown_summary(results: dict) -> str:
         + "\n\n"
         + markdown_table(["batch", "dynamic γ=2 round / constant γ=2 round"], switch)
     )
-
-
-def _speedup(speedup, mean_gamma) -> str:
-    return "—" if speedup is None else f"{speedup:.2f} ({mean_gamma:.1f})"
 
 
 def write_report(results: dict, out_dir) -> list[pathlib.Path]:
@@ -158,7 +155,13 @@ def _tokens_plot(results, plt):
     return fig
 
 
-_MARKERS = {"heuristic": "^", "confidence": "s", "cost_model": "*", "ngram": "x"}
+_MARKERS = {
+    "heuristic": "^",
+    "confidence": "s",
+    "cost_model": "*",
+    "cost_model_explore": "P",
+    "ngram": "x",
+}
 
 
 def _speedup_plot(results, plt):
@@ -175,7 +178,7 @@ def _speedup_plot(results, plt):
                     ax.plot(r["mean_gamma"], r["speedup"], m, color=line.get_color(), markersize=9)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(
-            title=f"T = {t:g}  (^ heuristic, ■ confidence, * cost model, x n-gram)",
+            title=f"T = {t:g}  (^ heuristic, ■ confidence, * cost model, + exploring, x n-gram)",
             xlabel="γ (mean γ for dynamic schedules)",
             ylabel="speedup vs autoregressive",
         )
