@@ -11,7 +11,7 @@ from jax_specdec.decode import (
     speculative_generate,
 )
 from jax_specdec.exact import one_position, round_distribution
-from jax_specdec.feature_io import load_head, save_head
+from jax_specdec.io.heads import load_head, save_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
 from jax_specdec.schedules import Confidence, Constant, CostModel, Custom, Heuristic

@@ -13,7 +13,7 @@ import tempfile
 
 from jax_specdec.batch import make_generate, read_rows, run_job
 from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
-from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.io.hf import load_model, load_tokenizer
 from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
 

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
     if args.target is not None:
-        from jax_specdec.hf import load_model
+        from jax_specdec.io.hf import load_model
 
         target, draft = load_model(args.target), load_model(args.draft)
     elif args.preset == "design":

@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec import Generator, NGram, SamplingConfig, zoo
+from jax_specdec import Generator, NGram, SamplingConfig
 from jax_specdec.bench import measure
-from jax_specdec.data import stdlib_corpus
+from jax_specdec.io import zoo
+from jax_specdec.training.corpus import stdlib_corpus
 
 
 def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
@@ -89,16 +90,15 @@ def load_drafter(args):
     whose tokenizer is not the target's)."""
     from jax_specdec.cli.common import load_pair
 
-    pair = argparse.Namespace(target=args.target, draft=args.head or args.draft)
     try:
-        return load_pair(pair)
+        return load_pair(args.target, args.head or args.draft)[:3]
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
 
 def _attach(directory, target, tokenizer):
     """The feature head saved in `directory`, attached to the loaded target."""
-    from jax_specdec.cli.common import attach_head
+    from jax_specdec.decode.head_drafter import attach_head
 
     try:
         return attach_head(directory, target, tokenizer)

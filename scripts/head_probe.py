@@ -36,17 +36,17 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jax_specdec import zoo
-from jax_specdec.feature_data import FeatureSet, kept_vocabulary
-from jax_specdec.feature_train import (
+from jax_specdec.io import zoo
+from jax_specdec.io.hf import load_model
+from jax_specdec.nn.attention import heads_first
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features
+from jax_specdec.training.head_data import FeatureSet, kept_vocabulary
+from jax_specdec.training.head_train import (
     HeadTrainConfig,
     feature_scale,
     init_from_target,
     output_rows,
 )
-from jax_specdec.hf import load_model
-from jax_specdec.nn.attention import heads_first
-from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features
 
 _F32 = jnp.float32
 

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec import zoo
-from jax_specdec.feature_io import load_head
-from jax_specdec.hf import load_model
+from jax_specdec.io import zoo
+from jax_specdec.io.heads import load_head
+from jax_specdec.io.hf import load_model
 from jax_specdec.nn import init_cache
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
 

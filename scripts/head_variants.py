@@ -15,11 +15,11 @@ import time
 
 from flax import nnx
 
-from jax_specdec import zoo
-from jax_specdec.feature_data import kept_vocabulary, load_features
-from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
-from jax_specdec.hf import load_model
+from jax_specdec.io import zoo
+from jax_specdec.io.hf import load_model
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.training.head_data import kept_vocabulary, load_features
+from jax_specdec.training.head_train import HeadTrainConfig, agreement, init_from_target, train_head
 
 
 def main() -> None:

@@ -19,12 +19,12 @@ import jax
 import numpy as np
 
 from jax_specdec.bench import decode_step_time, expected_tokens_per_round, measure
-from jax_specdec.data import stdlib_corpus
 from jax_specdec.decode import Generator
-from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.io.hf import load_model, load_tokenizer
 from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
-from jax_specdec.workflow import benchmark_prompts
+from jax_specdec.training.corpus import stdlib_corpus
+from jax_specdec.training.lm_recipe import benchmark_prompts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -192,7 +192,7 @@ def main() -> int:
             "trained on the same files.\n\n"
             f"{how}\n\nAcceptance of the draft against the target (γ = 4, 16 validation "
             f"prompts, 64 tokens):\n\n{alpha_md}\n\nSpeculative vs autoregressive decoding, "
-            f"greedy, batch 1:\n\n{speed_md}\n\nLoad with `jax_specdec.hf.load_model` or "
+            f"greedy, batch 1:\n\n{speed_md}\n\nLoad with `jax_specdec.io.hf.load_model` or "
             "`transformers.AutoModelForCausalLM.from_pretrained`. `training.json` holds the "
             "full training record. Built by `scripts/build_models.sh`.\n"
         )

@@ -22,7 +22,7 @@ import numpy as np
 from jax_specdec import Generator
 from jax_specdec.bench import time_interleaved
 from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
-from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.io.hf import load_model, load_tokenizer
 from jax_specdec.report import markdown_table
 
 

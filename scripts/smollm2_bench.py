@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--head", help="a feature head directory to time beside the others")
     args = parser.parse_args(argv)
 
-    from jax_specdec import zoo
+    from jax_specdec.io import zoo
 
     zoo.enable_compilation_cache()
     # torch's OpenMP threads spin at barriers by default; on a shared machine that made
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from jax_specdec.hf import load_model, load_tokenizer
+    from jax_specdec.io.hf import load_model, load_tokenizer
 
     path = zoo.model_path("smollm2-135m")
     target, tok = load_model(path), load_tokenizer(path)
@@ -224,10 +224,10 @@ def main(argv=None) -> int:
         ).eval()
     head = None
     if args.head:
-        from jax_specdec.decode.feature_drafter import attach
-        from jax_specdec.feature_io import load_head
+        from jax_specdec.decode.head_drafter import attach_head
+        from jax_specdec.io.heads import load_head
 
-        head = attach(load_head(args.head), target, tok)
+        head = attach_head(load_head(args.head), target, tok)
     made = methods(target, hf, args.max_new_tokens, args.temperature, args.batch, head)
     if args.batch > 1:
         groups = [[PROMPTS[i % args.prompts] for i in range(args.batch)]]

@@ -15,8 +15,8 @@ mkdir -p "$work"
 
 python - "$work/tokenizer.json" <<'PY'
 import sys
-from jax_specdec import zoo
-from jax_specdec.hf import load_tokenizer
+from jax_specdec.io import zoo
+from jax_specdec.io.hf import load_tokenizer
 load_tokenizer(zoo.resolve("smollm2-135m")).save(sys.argv[1])
 PY
 jax-specdec train --preset draft --tokenizer "$work/tokenizer.json" --out "$work/draft" \

@@ -118,7 +118,7 @@ def captured(timer, *args, **kwargs):
 def formulation(name: str):
     """ "after": the code as it is; "eight-rows": the kernel for products of at most 8 rows
     only (XLA's above, as before the kernel's many-row paths); "xla-matmul": XLA's own
-    products instead of the small-matmul kernel (jax_specdec/nn/small_matmul.py);
+    products instead of the small-matmul kernel (jax_specdec/kernels/cpu_matmul.py);
     "before": also full-cache attention and P.V in the old order (the code before
     issue 16)."""
     if name not in ("after", "eight-rows", "xla-matmul", "before"):

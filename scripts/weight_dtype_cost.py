@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_specdec.nn.small_matmul import matmul, uses_kernel
+from jax_specdec.kernels.cpu_matmul import matmul, uses_kernel
 
 SHAPES = {"fc": (1152, 576), "mlp up": (576, 1536), "mlp down": (1536, 576), "lm head": (576, 8192)}
 

@@ -8,9 +8,9 @@ import pytest
 from flax import nnx
 from helpers import make_draft, make_model
 
-from jax_specdec.data import stdlib_corpus, train_tokenizer
-from jax_specdec.hf import save_model
+from jax_specdec.io.hf import save_model
 from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 
 # In-process CLI calls would turn on JAX's persistent compilation cache (in the user's
 # cache directory) for the rest of the test process: tests keep it off so that they write

@@ -117,7 +117,7 @@ def equality():
     # A checkpoint restored by orbax straight into the (4, 2) layout.
     import tempfile
 
-    from jax_specdec.checkpoint import restore_checkpoint, save_checkpoint
+    from jax_specdec.io.checkpoint import restore_checkpoint, save_checkpoint
     from jax_specdec.sharding import param_sharding
 
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -195,9 +195,9 @@ def batch_job():
     from flax import nnx
 
     from jax_specdec.cli import main
-    from jax_specdec.data import stdlib_corpus, train_tokenizer
-    from jax_specdec.hf import save_model
+    from jax_specdec.io.hf import save_model
     from jax_specdec.nn import Transformer, TransformerConfig
+    from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 
     root = tempfile.mkdtemp()
     corpus = stdlib_corpus()

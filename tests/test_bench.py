@@ -9,6 +9,7 @@ from helpers import VOCAB, ragged_prompts
 
 from jax_specdec import Generator, SamplingConfig, speculative_generate
 from jax_specdec.bench import (
+    calibrate_round_costs,
     decode_step_loop,
     expected_batch_rounds,
     expected_tokens_per_round,
@@ -18,7 +19,7 @@ from jax_specdec.bench import (
     time_interleaved,
 )
 from jax_specdec.report import markdown_table
-from jax_specdec.schedules import CostModel, calibrate_round_costs
+from jax_specdec.schedules import CostModel
 
 
 def test_time_interleaved_rotates_passes():

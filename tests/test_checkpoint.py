@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_specdec.checkpoint import restore_checkpoint, save_checkpoint
+from jax_specdec.io.checkpoint import restore_checkpoint, save_checkpoint
 from jax_specdec.nn import Transformer, TransformerConfig
 
 

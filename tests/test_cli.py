@@ -10,7 +10,7 @@ import pytest
 
 from jax_specdec import SamplingConfig, speculative_generate
 from jax_specdec.cli import main
-from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.io.hf import load_model, load_tokenizer
 
 
 def run_json(pair, *args):
@@ -153,8 +153,7 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     with --explore, the exploring cost model beside the plain one."""
     from flax import nnx
 
-    from jax_specdec.decode.feature_drafter import tokenizer_sha256
-    from jax_specdec.feature_io import save_head
+    from jax_specdec.io.heads import save_head, tokenizer_sha256
     from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
     target, tokenizer = load_model(pair / "target"), load_tokenizer(pair / "target")

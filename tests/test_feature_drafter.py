@@ -22,11 +22,12 @@ from helpers import (
 import jax_specdec.decode.verify as verify_module
 from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
 from jax_specdec.acceptance import AcceptResult
-from jax_specdec.data import train_tokenizer
-from jax_specdec.decode.feature_drafter import FeatureDrafter, attach, tokenizer_sha256
+from jax_specdec.decode.head_drafter import HeadDrafter, attach_head
+from jax_specdec.io.heads import tokenizer_sha256
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import sample_with_uniforms
 from jax_specdec.schedules import Confidence, Custom
+from jax_specdec.training.corpus import train_tokenizer
 
 GREEDY = SamplingConfig(0.0)
 
@@ -118,16 +119,16 @@ def _skip_rounds(r):
 def test_drafts_are_the_heads_predictions_from_true_features(skips, monkeypatch):
     """Every draft is the head's prediction from the target's true features up to the
     pending token. With `skips`, batch-wide γ = 0 rounds run as plain target steps whose
-    features the head absorbs (`FeatureDrafter.absorb`), more of them than its chunk
+    features the head absorbs (`HeadDrafter.absorb`), more of them than its chunk
     holds, and the drafts after them must still come from the true features."""
     # A target that repeats itself and a head that often agrees with it.
     target = make_model(3, vocab=8, scale=0.6)
     head = make_head(target, seed=2, scale=0.6)
     prompts, gamma = ragged_prompts(6, 8, seed=4), 3
     schedule = Custom(skip_then_draft, max_gamma=gamma) if skips else gamma
-    absorbed, absorb = [], FeatureDrafter.absorb
+    absorbed, absorb = [], HeadDrafter.absorb
     monkeypatch.setattr(
-        FeatureDrafter, "absorb", lambda *a: absorbed.append(1) or absorb(*a)
+        HeadDrafter, "absorb", lambda *a: absorbed.append(1) or absorb(*a)
     )  # counts traces of the plain steps' absorb (a round at width 0 would not call it)
     jax.clear_caches()
     out = speculative_generate(
@@ -311,9 +312,9 @@ def test_tokenizer_mismatch_is_refused(target):
     layer = target.config.replace(num_layers=1)
     config = FeatureHeadConfig(layer, VOCAB, "tiny", tokenizer_sha256(mine))
     head = FeatureHead(config, rngs=nnx.Rngs(0))
-    attach(head, target, mine)
+    attach_head(head, target, mine)
     with pytest.raises(ValueError, match="another tokenizer"):
-        attach(head, target, other)
+        attach_head(head, target, other)
 
 
 # ---------------------------------------------------------------- slots

@@ -17,16 +17,16 @@ from flax import nnx
 from helpers import make_model
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.feature_data import (
+from jax_specdec.io.heads import load_head, save_head
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.training.head_data import (
     FeatureSet,
     extract_features,
     kept_vocabulary,
     spread_windows,
 )
-from jax_specdec.feature_io import load_head, save_head
-from jax_specdec.feature_recipe import DataConfig
-from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
-from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.training.head_recipe import DataConfig
+from jax_specdec.training.head_train import HeadTrainConfig, agreement, init_from_target, train_head
 
 VOCAB = 24
 
@@ -151,8 +151,8 @@ TRAIN_SCRIPT = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
 from test_feature_train import tiny_target, tiny_data, new_head
-from jax_specdec.feature_train import HeadTrainConfig, train_head
-from jax_specdec.feature_io import save_head
+from jax_specdec.training.head_train import HeadTrainConfig, train_head
+from jax_specdec.io.heads import save_head
 target = tiny_target()
 data = tiny_data(target, {data!r})
 head = new_head(target, data)

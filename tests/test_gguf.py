@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 from gguf_files import llama_cpp_permute, write_gguf
 
-from jax_specdec.gguf import GGUFError, convert_gguf, unpermute_rotary
-from jax_specdec.hf import load_model, load_tokenizer
+from jax_specdec.io.gguf import GGUFError, convert_gguf, unpermute_rotary
+from jax_specdec.io.hf import load_model, load_tokenizer
 
 pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jax_specdec.hf import load_model, load_tokenizer, save_model
+from jax_specdec.io.hf import load_model, load_tokenizer, save_model
 from jax_specdec.nn import Transformer, TransformerConfig
 
 torch = pytest.importorskip("torch")

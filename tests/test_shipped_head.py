@@ -13,8 +13,8 @@ import numpy as np
 from flax import nnx
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.decode.feature_drafter import attach
-from jax_specdec.feature_io import load_head
+from jax_specdec.decode.head_drafter import attach_head
+from jax_specdec.io.heads import load_head
 from jax_specdec.nn import Transformer
 
 HEAD = pathlib.Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-eagle"
@@ -43,7 +43,7 @@ def test_shipped_head_keeps_greedy_output():
         rngs=nnx.Rngs(0),
         init_scale=0.5,
     )
-    draft = attach(head, target)
+    draft = attach_head(head, target)
     prompts = [[1, 2, 3, 4, 5], [7, 8]]
     kwargs = dict(key=jax.random.key(0), max_new_tokens=12, sampling=SamplingConfig(0.0))
     spec = speculative_generate(target, draft, prompts, num_draft_tokens=3, **kwargs)

@@ -1,4 +1,4 @@
-"""The real model: SmolLM2-135M-Instruct (Q4_1 GGUF, fetched by `jax_specdec.zoo` into the
+"""The real model: SmolLM2-135M-Instruct (Q4_1 GGUF, fetched by `jax_specdec.io.zoo` into the
 user cache) against transformers' own GGUF loading: logits, tokenizer, greedy output of
 autoregressive and n-gram speculative decoding, conversion, load memory."""
 
@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_specdec import zoo
 from jax_specdec.decode import Generator, NGram
-from jax_specdec.hf import eos_token_id, load_model, load_tokenizer
+from jax_specdec.io import zoo
+from jax_specdec.io.hf import eos_token_id, load_model, load_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -138,7 +138,7 @@ def test_convert_loads_in_transformers(ours, gguf_path, tmp_path):
 PEAK = """
 import resource, sys, jax
 from flax import nnx
-from jax_specdec.hf import load_model
+from jax_specdec.io.hf import load_model
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 model = load_model(sys.argv[1])
 leaves = jax.block_until_ready(jax.tree.leaves(nnx.state(model)))

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_specdec.data import encode_files, sample_windows, stdlib_corpus, train_tokenizer
 from jax_specdec.nn import Transformer, TransformerConfig
-from jax_specdec.train import TrainConfig, evaluate_loss, train
+from jax_specdec.training.corpus import encode_files, sample_windows, stdlib_corpus, train_tokenizer
+from jax_specdec.training.lm import TrainConfig, evaluate_loss, train
 
 SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, jax
     from flax import nnx
     from jax_specdec.nn import Transformer, TransformerConfig
-    from jax_specdec.train import TrainConfig, train
+    from jax_specdec.training.lm import TrainConfig, train
     ckpt, out = sys.argv[1], sys.argv[2]
     stream = np.random.default_rng(0).integers(0, 64, size=20_000).astype(np.int32)
     # Some structure to learn: every other token repeats its predecessor.
@@ -56,7 +56,7 @@ def test_killed_run_resumes_to_identical_weights(tmp_path):
     # Slowed down after step 10 so the kill lands mid-run, after a checkpoint.
     slow = SCRIPT.replace(
         "log = train(",
-        "import jax_specdec.train as T\n"
+        "import jax_specdec.training.lm as T\n"
         "orig = T._train_step\n"
         "def slow_step(*a, **k):\n"
         "    import time; time.sleep(0.2); return orig(*a, **k)\n"
@@ -211,7 +211,7 @@ def test_corpus_split_and_tokenizer_round_trip():
 
 def test_shipped_models_load_here_and_in_transformers():
     """The shipped directories load, share a tokenizer and carry their training record."""
-    from jax_specdec.hf import load_model
+    from jax_specdec.io.hf import load_model
 
     root = os.path.join(os.path.dirname(__file__), "..", "models")
     for name in ("stdlib-target", "stdlib-draft"):

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from jax_specdec import zoo
+from jax_specdec.io import zoo
 
 
 def fake_model(tmp_path, payload: bytes) -> zoo.ZooModel:

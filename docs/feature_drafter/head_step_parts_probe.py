@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec.feature_io import load_head
+from jax_specdec.io.heads import load_head
 from jax_specdec.nn import init_cache
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
 

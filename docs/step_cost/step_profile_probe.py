@@ -20,8 +20,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import jax
 from flax import nnx
 from step_cost import smollm_config
-from jax_specdec.nn import Transformer
+
 from jax_specdec.bench.timing import decode_step_loop
+from jax_specdec.nn import Transformer
 
 cases = [tuple(int(v) for v in c.split(":")) for c in sys.argv[1].split(",")]
 steps, reps = 16, 5

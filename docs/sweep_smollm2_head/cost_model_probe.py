@@ -15,8 +15,9 @@ import re
 import jax
 import numpy as np
 
-from jax_specdec import Generator, SamplingConfig, zoo
+from jax_specdec import Generator, SamplingConfig
 from jax_specdec.cli.common import load_pair, read_prompts
+from jax_specdec.io import zoo
 from jax_specdec.schedules import Constant, CostModel
 from jax_specdec.sweep.run import _groups, _run_interleaved
 
@@ -29,7 +30,7 @@ p.add_argument("--variants", default="e0w4,e1w4,e0w16")
 p.add_argument("--head", default="models/smollm2-135m-eagle")
 a = p.parse_args()
 zoo.enable_compilation_cache(True)
-target, draft, tok = load_pair(argparse.Namespace(target="smollm2-135m", draft=a.head))
+target, draft, tok = load_pair("smollm2-135m", a.head)[:3]
 prompts = [tok.encode(x).ids for x in read_prompts("docs/sweep_smollm2_head/prompts.txt")]
 calibrated = next(c for c in json.load(open(a.sweep))["costs"] if c["batch"] == a.batch)
 t = f"{a.temperature:g}"

@@ -1,6 +1,6 @@
-"""Measurement: timing (`bench.timing`) and the speculative-vs-autoregressive benchmark
-(`bench.benchmark`). Cost-model calibration lives beside the schedules it calibrates
-(`jax_specdec.schedules.calibrate`)."""
+"""Measurement: timing (`bench.timing`), the speculative-vs-autoregressive benchmark
+(`bench.benchmark`) and the calibration of a `CostModel`'s costs from the same timings
+(`bench.calibrate`)."""
 
 from jax_specdec.bench.benchmark import (
     expected_batch_rounds,
@@ -9,6 +9,7 @@ from jax_specdec.bench.benchmark import (
     predicted_speedup,
     run_benchmark,
 )
+from jax_specdec.bench.calibrate import calibrate_costs, calibrate_round_costs
 from jax_specdec.bench.timing import (
     Measurement,
     Timing,
@@ -25,6 +26,8 @@ __all__ = [
     "Measurement",
     "Timing",
     "bare_matmul_time",
+    "calibrate_costs",
+    "calibrate_round_costs",
     "decode_step_loop",
     "decode_step_time",
     "expected_batch_rounds",

@@ -92,9 +92,9 @@ def _fill_cache(model: Transformer, batch: int, cache_len: int, context: int):
 def _decode(model, tokens, cache):
     """One decode call: a Transformer's, or a feature draft's (features of zeros: a draft
     step costs the same whatever the features hold) with its entries written."""
-    from jax_specdec.decode.feature_drafter import FeatureDraft
+    from jax_specdec.decode.head_drafter import AttachedHead
 
-    if not isinstance(model, FeatureDraft):
+    if not isinstance(model, AttachedHead):
         return model.decode(tokens, cache)
     features = jnp.zeros((*tokens.shape, model.embed.shape[1]), jnp.float32)
     predicted, keys, values = model.head.decode_entries(

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jax_specdec.zoo import enable_compilation_cache
+    from jax_specdec.io.zoo import enable_compilation_cache
 
     args = build_parser().parse_args(argv)
     enable_compilation_cache(not args.no_compile_cache)

@@ -80,8 +80,9 @@ def _load(args):
     sampling = common.sampling(args)
     if not pathlib.Path(args.input).is_file():
         raise ValueError(f"--input: {args.input} is not a file")
-    target, draft, tokenizer = common.load_pair(args)
-    eos = common.eos(args.eos, tokenizer)
+    loaded = common.load_pair(args.target, args.draft)
+    target, draft, tokenizer = loaded.target, loaded.draft, loaded.tokenizer
+    eos = common.eos(args.eos, loaded)
     rows, errors = read_rows(
         args.input,
         tokenizer=tokenizer,

@@ -6,6 +6,7 @@ import argparse
 import pathlib
 import re
 import sys
+from typing import Any, NamedTuple
 
 DEFAULT_TARGET = "models/stdlib-target"
 DEFAULT_DRAFT = "models/stdlib-draft"
@@ -51,8 +52,8 @@ def read_prompts(path: str) -> list[str]:
 def model_dir(text: str, which: str) -> pathlib.Path:
     """Resolves a model directory: as given, else relative to the installed checkout; a
     model name (smollm2-135m, fetched on first use) or a .gguf file is taken as is."""
-    from jax_specdec import zoo
-    from jax_specdec.hf import is_gguf
+    from jax_specdec.io import zoo
+    from jax_specdec.io.hf import is_gguf
 
     if text in zoo.MODELS or is_gguf(text):
         return pathlib.Path(zoo.resolve(text))
@@ -68,31 +69,39 @@ def model_dir(text: str, which: str) -> pathlib.Path:
 
 def _tokenizer_text(directory: pathlib.Path) -> str | None:
     if directory.is_file():  # a GGUF file: the tokenizer is in its metadata
-        from jax_specdec.hf import load_tokenizer
+        from jax_specdec.io.hf import load_tokenizer
 
         return load_tokenizer(directory).to_str()
     file = directory / "tokenizer.json"
     return file.read_text() if file.is_file() else None
 
 
-def load_pair(args):
-    """(target, draft, tokenizer) from --target and --draft; their tokenizers must agree."""
-    from jax_specdec.hf import load_model, load_tokenizer
+class Loaded(NamedTuple):
+    """What `load_pair` loads: the target, the draft (a model, an attached feature head or
+    `NGram`), the target's tokenizer and where the target was found."""
 
-    target_dir = model_dir(args.target, "target")
-    if getattr(args, "eos", None) == "auto":  # the model's own EOS when it states one
-        from jax_specdec.hf import eos_token_id
+    target: Any
+    draft: Any
+    tokenizer: Any
+    target_dir: pathlib.Path
 
-        stated = eos_token_id(target_dir)
-        args.eos = "auto" if stated is None else str(stated)
-    if getattr(args, "draft", None) == "ngram":  # model-free drafting (prompt lookup)
+
+def load_pair(target: str, draft: str) -> Loaded:
+    """Loads --target and --draft (a model directory, a feature head's directory or
+    "ngram"); a draft model's tokenizer must be the target's."""
+    from jax_specdec.io.hf import load_model, load_tokenizer
+
+    target_dir = model_dir(target, "target")
+    if draft == "ngram":  # model-free drafting (prompt lookup)
         from jax_specdec.decode import NGram
 
-        return load_model(target_dir), NGram(), load_tokenizer(target_dir)
-    draft_dir = model_dir(args.draft, "draft")
+        return Loaded(load_model(target_dir), NGram(), load_tokenizer(target_dir), target_dir)
+    draft_dir = model_dir(draft, "draft")
     if (draft_dir / "head_config.json").is_file():  # a feature head: drafts from its features
-        target, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
-        return target, attach_head(draft_dir, target, tokenizer), tokenizer
+        from jax_specdec.decode.head_drafter import attach_head
+
+        model, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
+        return Loaded(model, attach_head(draft_dir, model, tokenizer), tokenizer, target_dir)
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")
@@ -100,16 +109,9 @@ def load_pair(args):
         raise ValueError(
             f"the draft's tokenizer ({draft_dir}/tokenizer.json) differs from the target's"
         )
-    return load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir)
-
-
-def attach_head(directory, target, tokenizer):
-    """The feature head saved in `directory`, attached to the loaded target (errors if
-    it was trained for another target or tokenizer)."""
-    from jax_specdec.decode.feature_drafter import attach
-    from jax_specdec.feature_io import load_head
-
-    return attach(load_head(directory), target, tokenizer)
+    return Loaded(
+        load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir), target_dir
+    )
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
@@ -129,9 +131,14 @@ def sampling(args):
     return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
-def eos(text: str, tokenizer) -> int | None:
+def eos(text: str, loaded: Loaded) -> int | None:
+    """--eos: "auto" is the EOS the target states, else its tokenizer's <|endoftext|>;
+    "none" is no EOS; else a token id."""
     if text == "auto":
-        return tokenizer.token_to_id("<|endoftext|>")
+        from jax_specdec.io.hf import eos_token_id
+
+        stated = eos_token_id(loaded.target_dir)
+        return loaded.tokenizer.token_to_id("<|endoftext|>") if stated is None else stated
     if text == "none":
         return None
     if not text.isdigit():

@@ -20,8 +20,8 @@ def add_parser(sub) -> None:
 
 
 def run(args, parser) -> int:
-    from jax_specdec import zoo
-    from jax_specdec.gguf import convert_gguf
+    from jax_specdec.io import zoo
+    from jax_specdec.io.gguf import convert_gguf
 
     try:
         out = convert_gguf(zoo.resolve(args.input), args.output)

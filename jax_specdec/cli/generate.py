@@ -133,9 +133,10 @@ def run(args, parser) -> int:
     try:
         common.sampling(args)
         prompts = _prompts(args)
-        target, draft, tokenizer = common.load_pair(args)
+        loaded = common.load_pair(args.target, args.draft)
+        tokenizer = loaded.tokenizer
         ids = [tokenizer.encode(p).ids for p in prompts]
-        result = _generate(args, target, draft, ids, common.eos(args.eos, tokenizer))
+        result = _generate(args, loaded.target, loaded.draft, ids, common.eos(args.eos, loaded))
     except (ValueError, OSError) as e:
         common.fail(parser, e)
     out = result["out"]

@@ -64,7 +64,7 @@ def run(args, parser) -> int:
     try:
         _check(args)
         prompts = common.read_prompts(args.prompts)
-        target, draft, tokenizer = common.load_pair(args)
+        target, draft, tokenizer, _ = common.load_pair(args.target, args.draft)
     except (ValueError, OSError) as e:
         common.fail(parser, e)
     from jax_specdec.sweep import markdown_summary, run_sweep, write_report

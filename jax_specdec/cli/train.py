@@ -41,7 +41,7 @@ def run(args, parser) -> int:
     import json
     import pathlib
 
-    from jax_specdec.train import TrainConfig
+    from jax_specdec.training.lm import TrainConfig
 
     try:
         config = TrainConfig(
@@ -57,7 +57,7 @@ def run(args, parser) -> int:
         )
     except ValueError as e:
         common.fail(parser, e)
-    from jax_specdec import workflow
+    from jax_specdec.training import lm_recipe as workflow
 
     out = pathlib.Path(args.out)
     try:

@@ -64,8 +64,8 @@ def add_parser(sub) -> None:
 
 
 def _configs(args):
-    from jax_specdec.feature_recipe import DataConfig
-    from jax_specdec.feature_train import HeadTrainConfig
+    from jax_specdec.training.head_recipe import DataConfig
+    from jax_specdec.training.head_train import HeadTrainConfig
 
     data = DataConfig(
         kind=args.data,
@@ -97,8 +97,8 @@ def run(args, parser) -> int:
         data, train = _configs(args)
     except ValueError as e:
         common.fail(parser, e)
-    from jax_specdec.feature_recipe import build_head
-    from jax_specdec.hf import load_model, load_tokenizer
+    from jax_specdec.io.hf import load_model, load_tokenizer
+    from jax_specdec.training.head_recipe import build_head
 
     target_dir = common.model_dir(args.target, "target")
     work_dir = pathlib.Path(args.work_dir or f"{args.out}.work")

@@ -12,7 +12,7 @@ The modules, in the order a round runs through them:
 - `round`: a speculative round (schedule → drafter → verify → cache writes) or a
   plain target step.
 - `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`),
-  `feature_drafter` (`FeatureDrafter`, a head reading the target's features) and
+  `head_drafter` (`HeadDrafter`, a head reading the target's features) and
   `ngram` (`NGram`) implement it.
 - `verify`: the target scores the proposal; the acceptance step decides.
 - `stats`: `GenerationOutput` and `GenerationStats`.

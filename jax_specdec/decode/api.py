@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
-from jax_specdec.decode.feature_drafter import FeatureDraft, FeatureDrafter, attach
+from jax_specdec.decode.head_drafter import AttachedHead, HeadDrafter, attach_head
 from jax_specdec.decode.ngram import NGram
 from jax_specdec.decode.request import (
     Request,
@@ -159,7 +159,7 @@ class Generator:
                     "none (use an int γ, Heuristic, CostModel or Custom)"
                 )
             self.drafter = draft
-        elif isinstance(draft, FeatureHead | FeatureDraft):
+        elif isinstance(draft, FeatureHead | AttachedHead):
             self._set_feature_drafter(draft, threshold, vocab_size)
         elif isinstance(draft, Transformer):
             self.vocab_size = _shared_vocab(self.target, draft, vocab_size)
@@ -171,7 +171,7 @@ class Generator:
         else:
             raise TypeError(
                 "draft must be a jax_specdec.nn.Transformer or a proposer such as "
-                f"jax_specdec.proposers.NGram(), got {type(draft).__name__}"
+                f"jax_specdec.decode.ngram.NGram(), got {type(draft).__name__}"
             )
         self.schedule = schedule
 
@@ -179,15 +179,15 @@ class Generator:
         if vocab_size is not None or threshold is not None:
             raise ValueError("vocab_size and Confidence are not for a feature head")
         if isinstance(draft, FeatureHead):
-            draft = attach(draft, self.target)
-        self.drafter, self.draft_model = FeatureDrafter(), draft
+            draft = attach_head(draft, self.target)
+        self.drafter, self.draft_model = HeadDrafter(), draft
 
     def _split(self, mesh):
         models = [("target", self.target)]
         if self.draft_model is not None:
             models.append(("draft", self.draft_model))
         self._models = models
-        if mesh is not None and isinstance(self.drafter, FeatureDrafter):
+        if mesh is not None and isinstance(self.drafter, HeadDrafter):
             raise ValueError("mesh is not supported with a feature head yet")
         self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
         self._defs, self._states = [], []

@@ -48,7 +48,7 @@ class TransformerConfig:
         dtype: activation dtype, "float32" or "bfloat16". Logits are always float32.
         param_dtype: parameter storage dtype, "float32", "bfloat16" or "float16". With
             float32 activations on CPU, 16-bit weights are widened inside the products
-            (jax_specdec/nn/small_matmul.py): half the bytes read, the same results as
+            (jax_specdec/kernels/cpu_matmul.py): half the bytes read, the same results as
             those weights stored as float32.
     """
 

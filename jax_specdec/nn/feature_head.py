@@ -32,7 +32,7 @@ from jax_specdec.nn.attention import (
 )
 from jax_specdec.nn.cache import KVCache
 from jax_specdec.nn.config import TransformerConfig
-from jax_specdec.nn.small_matmul import matmul
+from jax_specdec.nn.products import matmul
 from jax_specdec.nn.transformer import Block, Dense, Norm
 
 __all__ = ["FeatureHead", "FeatureHeadConfig", "previous_features"]

@@ -25,7 +25,7 @@ from jax_specdec.nn.attention import (
 )
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
-from jax_specdec.nn.small_matmul import matmul, matmul_t
+from jax_specdec.nn.products import matmul, matmul_t
 
 _F32 = jnp.float32
 

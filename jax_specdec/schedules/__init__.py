@@ -33,10 +33,11 @@ threshold); passed as `schedule=` it means "up to max_gamma tokens, stopping ear
 
 Every schedule is a frozen dataclass, hashable, so it is a static argument of the
 compiled program: changing the schedule recompiles, changing its inputs does not.
+`CostModel`'s costs are measured by `jax_specdec.bench.calibrate_costs` and
+`calibrate_round_costs`.
 """
 
 from jax_specdec.schedules.base import ScheduleStats
-from jax_specdec.schedules.calibrate import calibrate_costs, calibrate_round_costs
 from jax_specdec.schedules.cost_model import CostModel
 from jax_specdec.schedules.policies import Confidence, Constant, Custom, Heuristic, as_schedule
 
@@ -51,6 +52,4 @@ __all__ = [
     "Schedule",
     "ScheduleStats",
     "as_schedule",
-    "calibrate_costs",
-    "calibrate_round_costs",
 ]

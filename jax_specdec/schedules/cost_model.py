@@ -43,9 +43,9 @@ class CostModel:
     - **Cost.** A round of width γ costs γ·draft_cost + verify_costs[γ].
       `verify_costs[k]` is the time of a target call on k+1 tokens per row (k = 0: a
       plain decode step) and `draft_cost` one draft step, at the batch size and context
-      used (`schedules.calibrate_costs`); or pass the measured cost of whole
+      used (`bench.calibrate_costs`); or pass the measured cost of whole
       rounds of width k as `verify_costs[k]` with `draft_cost=0`
-      (`schedules.calibrate_round_costs`, which also measures `prior_alpha` per
+      (`bench.calibrate_round_costs`, which also measures `prior_alpha` per
       position): that includes sampling, acceptance and the loop's bookkeeping.
 
     γ = 0 runs a plain decode step, so speculation switches itself off where it does

@@ -21,9 +21,14 @@ import dataclasses
 import jax
 import numpy as np
 
-from jax_specdec.bench import expected_tokens_per_round, measure
+from jax_specdec.bench import (
+    calibrate_costs,
+    calibrate_round_costs,
+    expected_tokens_per_round,
+    measure,
+)
 from jax_specdec.decode import GenerationStats, Generator, NGram
-from jax_specdec.decode.feature_drafter import FeatureDraft
+from jax_specdec.decode.head_drafter import AttachedHead
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import (
@@ -31,8 +36,6 @@ from jax_specdec.schedules import (
     Constant,
     Custom,
     Heuristic,
-    calibrate_costs,
-    calibrate_round_costs,
 )
 
 __all__ = ["run_sweep"]
@@ -102,7 +105,7 @@ def _schedules(gammas, max_gamma, threshold, cost_model, draft, explore: float):
         ("cost_model_explore", None, False, dataclasses.replace(cost_model, explore=explore)),
         ("ngram", None, True, Heuristic(initial=min(2, max_gamma), max_gamma=max_gamma)),
     ]
-    skip = {"confidence"} if isinstance(draft, FeatureDraft) else set()
+    skip = {"confidence"} if isinstance(draft, AttachedHead) else set()
     if not explore:
         skip.add("cost_model_explore")
     return [r for r in rows if r[0] not in skip]

@@ -1,4 +1,4 @@
-// The pieces every product of small_matmul.cc is made of: 16-lane float32 vectors,
+// The pieces every product of cpu_matmul.cc is made of: 16-lane float32 vectors,
 // weights stored in 32 or 16 bits and widened on load, and the fixed orders of sums.
 
 #ifndef JAX_SPECDEC_SMALL_MATMUL_VEC_H_

@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_specdec.data import Corpus, encode_files, stdlib_corpus, train_tokenizer
 from jax_specdec.nn import Transformer, TransformerConfig
-from jax_specdec.train import TrainConfig, evaluate_loss, train
+from jax_specdec.training.corpus import Corpus, encode_files, stdlib_corpus, train_tokenizer
+from jax_specdec.training.lm import TrainConfig, evaluate_loss, train
 
 __all__ = ["PRESETS", "train_model", "distill_model", "measure_alpha", "benchmark_prompts"]
 
@@ -90,7 +90,7 @@ def train_model(
     """Trains a model of `preset` on the standard-library corpus and exports it to `out`."""
     from tokenizers import Tokenizer
 
-    from jax_specdec.hf import save_model
+    from jax_specdec.io.hf import save_model
 
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
@@ -177,7 +177,7 @@ def distill_model(
     checkpoint_dir: str | None = None,
 ) -> dict:
     """Distils the draft in `draft_dir` towards the target (DistillSpec) and exports it."""
-    from jax_specdec.hf import load_model, load_tokenizer, save_model
+    from jax_specdec.io.hf import load_model, load_tokenizer, save_model
 
     target, draft = load_model(target_dir), load_model(draft_dir)
     tokenizer = load_tokenizer(target_dir)

@@ -13,24 +13,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from jax_specdec.hf_config import (
+from jax_specdec.io.hf_config import (
     SUPPORTED_ARCHITECTURES,
     _architecture,
     config_from_hf,
     config_to_hf,
 )
-from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.io.layout import Entry, build_model, hf_entries
+from jax_specdec.nn import Transformer
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -48,92 +47,6 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 Path_ = str | os.PathLike
 
-# One HF tensor -> our parameters: (hf name, hf shape, convert(array) -> {our path: array}).
-_Entry = tuple[str, tuple[int, ...], Callable[[np.ndarray], dict[tuple, np.ndarray]]]
-
-
-# ------------------------------------------------------------------- weight layouts
-
-
-def _hf_entries(config: TransformerConfig, arch: str) -> list[_Entry]:
-    """Every HF tensor the config implies, with its shape and how it maps to our params."""
-    if arch == "GPT2LMHeadModel":
-        return _gpt2_entries(config)
-    return _llama_entries(config)
-
-
-class _Entries(list):
-    """A list of `_Entry`, with `add` for the tensors that map onto one parameter."""
-
-    def add(self, name, shape, path, transpose=False):
-        self.append((name, shape, lambda a, p=path, t=transpose: {p: a.T if t else a}))
-
-
-def _gpt2_entries(c: TransformerConfig) -> list[_Entry]:
-    D, F, V = c.d_model, c.mlp_dim, c.vocab_size
-    entries = _Entries()
-    entries.add("transformer.wte.weight", (V, D), ("embed",))
-    entries.add("transformer.wpe.weight", (c.max_len, D), ("pos_embed",))
-    for i in range(c.num_layers):
-        h, b = f"transformer.h.{i}.", ("blocks", i)
-
-        def split(a, b=b):  # c_attn holds q, k and v side by side
-            q, k, v = np.split(a, 3, axis=-1)
-            kind = "kernel" if a.ndim == 2 else "bias"
-            return {(*b, "attn", n, kind): x for n, x in zip("qkv", (q, k, v), strict=True)}
-
-        entries.add(h + "ln_1.weight", (D,), (*b, "attn_norm", "scale"))
-        entries.add(h + "ln_1.bias", (D,), (*b, "attn_norm", "bias"))
-        entries.append((h + "attn.c_attn.weight", (D, 3 * D), split))
-        entries.append((h + "attn.c_attn.bias", (3 * D,), split))
-        for name, ours, shape in (
-            ("attn.c_proj.weight", ("attn", "o", "kernel"), (D, D)),
-            ("attn.c_proj.bias", ("attn", "o", "bias"), (D,)),
-            ("ln_2.weight", ("mlp_norm", "scale"), (D,)),
-            ("ln_2.bias", ("mlp_norm", "bias"), (D,)),
-            ("mlp.c_fc.weight", ("mlp", "up", "kernel"), (D, F)),
-            ("mlp.c_fc.bias", ("mlp", "up", "bias"), (F,)),
-            ("mlp.c_proj.weight", ("mlp", "down", "kernel"), (F, D)),
-            ("mlp.c_proj.bias", ("mlp", "down", "bias"), (D,)),
-        ):
-            entries.add(h + name, shape, (*b, *ours))
-    entries.add("transformer.ln_f.weight", (D,), ("final_norm", "scale"))
-    entries.add("transformer.ln_f.bias", (D,), ("final_norm", "bias"))
-    if not c.tie_embeddings:
-        entries.add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
-    return entries
-
-
-def _llama_entries(c: TransformerConfig) -> list[_Entry]:
-    D, F, V = c.d_model, c.mlp_dim, c.vocab_size
-    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    entries = _Entries()
-    entries.add("model.embed_tokens.weight", (V, D), ("embed",))
-    for i in range(c.num_layers):
-        h, b = f"model.layers.{i}.", ("blocks", i)
-        entries.add(h + "input_layernorm.weight", (D,), (*b, "attn_norm", "scale"))
-        entries.add(h + "post_attention_layernorm.weight", (D,), (*b, "mlp_norm", "scale"))
-        for module, name, dim_in, dim_out, bias in (
-            ("self_attn", "q", D, qd, c.qkv_bias),
-            ("self_attn", "k", D, kvd, c.qkv_bias),
-            ("self_attn", "v", D, kvd, c.qkv_bias),
-            ("self_attn", "o", qd, D, c.out_bias),
-            ("mlp", "gate", D, F, c.mlp_bias),
-            ("mlp", "up", D, F, c.mlp_bias),
-            ("mlp", "down", F, D, c.mlp_bias),
-        ):
-            ours = (*b, "attn" if module == "self_attn" else "mlp", name)
-            entries.add(
-                f"{h}{module}.{name}_proj.weight", (dim_out, dim_in), (*ours, "kernel"), True
-            )
-            if bias:
-                entries.add(f"{h}{module}.{name}_proj.bias", (dim_out,), (*ours, "bias"))
-    entries.add("model.norm.weight", (D,), ("final_norm", "scale"))
-    if not c.tie_embeddings:
-        entries.add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
-    return entries
-
-
 # ------------------------------------------------------------------------- loading
 
 
@@ -142,7 +55,7 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
 
     Args:
         path: directory with config.json and model.safetensors (or a sharded
-            model.safetensors.index.json), or a `.gguf` file (see `jax_specdec.gguf`).
+            model.safetensors.index.json), or a `.gguf` file (see `jax_specdec.io.gguf`).
         dtype: "float32" or "bfloat16" for parameters and activations; None keeps
             bfloat16 checkpoints in bfloat16 and loads everything else as float32.
 
@@ -155,7 +68,7 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
             are missing, unexpected or of the wrong shape for the config.
     """
     if is_gguf(path):
-        from jax_specdec.gguf import load_gguf_model
+        from jax_specdec.io.gguf import load_gguf_model
 
         return load_gguf_model(path, dtype=dtype)
     directory = _directory(path)
@@ -163,7 +76,7 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
     arch = _architecture(hf)
     config = config_from_hf(hf, dtype=dtype)
     found = _tensor_headers(_weight_files(directory), arch)
-    entries = _hf_entries(config, arch)
+    entries = hf_entries(config, arch)
     _check_tensors(directory, found, entries, config)
 
     def read():
@@ -187,7 +100,7 @@ def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple
     return found
 
 
-def _check_tensors(directory: Path, found, entries: list[_Entry], config) -> None:
+def _check_tensors(directory: Path, found, entries: list[Entry], config) -> None:
     """ValueError for tensors missing, unexpected or of the wrong shape for the config."""
     wanted = {name for name, _, _ in entries}
     missing = sorted(wanted - set(found))
@@ -208,35 +121,13 @@ def _check_tensors(directory: Path, found, entries: list[_Entry], config) -> Non
             )
 
 
-def build_model(config: TransformerConfig, parts: Iterable[dict[tuple, np.ndarray]]) -> Transformer:
-    """A `Transformer` built abstractly, then filled from `parts`.
-
-    Each part maps parameter paths (as in `nnx.to_flat_state`) to host arrays; it is
-    cast to the parameter dtype as it arrives, so only one host tensor lives at a time
-    when `parts` is a generator. Every parameter must be covered exactly once.
-    """
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
-    targets = dict(nnx.to_flat_state(abstract_state))
-    values: dict[tuple, jax.Array] = {}
-    for part in parts:
-        for param_path, array in part.items():
-            dtype = targets[param_path].get_value().dtype
-            values[param_path] = jnp.asarray(array, dtype=dtype)
-    if set(values) != set(targets):  # a mapping bug, not a user error
-        raise AssertionError(f"unmapped parameters: {sorted(set(targets) - set(values))}")
-    for param_path, leaf in targets.items():
-        leaf.set_value(values[param_path])
-    return nnx.merge(graphdef, abstract_state)
-
-
 def load_tokenizer(path: Path_):
     """The `tokenizers.Tokenizer` stored as `tokenizer.json` in a model directory, or the
-    one described by a `.gguf` file's metadata (see `jax_specdec.gguf_tokenizer`)."""
+    one described by a `.gguf` file's metadata (see `jax_specdec.io.gguf_tokenizer`)."""
     from tokenizers import Tokenizer
 
     if is_gguf(path):
-        from jax_specdec.gguf_tokenizer import load_gguf_tokenizer
+        from jax_specdec.io.gguf_tokenizer import load_gguf_tokenizer
 
         return load_gguf_tokenizer(path)
     directory = _directory(path)
@@ -250,8 +141,8 @@ def eos_token_id(path: Path_) -> int | None:
     """The end-of-sequence id the model states (GGUF metadata, or config.json's
     `eos_token_id`, the first one if a list), or None when it states none."""
     if is_gguf(path):
-        from jax_specdec.gguf import open_gguf
-        from jax_specdec.gguf_tokenizer import special_token_ids
+        from jax_specdec.io.gguf_file import open_gguf
+        from jax_specdec.io.gguf_tokenizer import special_token_ids
 
         return special_token_ids(open_gguf(path)).get("eos")
     value = _read_json(_directory(path) / "config.json").get("eos_token_id")
@@ -358,7 +249,7 @@ def save_model(model: Transformer, path: Path_, tokenizer=None) -> None:
         path: np.asarray(leaf.get_value()) for path, leaf in nnx.to_flat_state(nnx.state(model))
     }
     tensors: dict[str, np.ndarray] = {}
-    for name, shape, convert in _hf_entries(config, arch):
+    for name, shape, convert in hf_entries(config, arch):
         # Invert each entry: apply its conversion to a probe of matching layout.
         tensors[name] = _export_tensor(name, shape, convert, params)
     directory = Path(path)

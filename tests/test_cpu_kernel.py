@@ -1,4 +1,4 @@
-"""The small-matmul custom call (jax_specdec/nn/small_matmul.cc): the products it
+"""The small-matmul custom call (jax_specdec/nn/cpu_matmul.cc): the products it
 computes, the rows it takes, its gradient, and that the model's decode uses it."""
 
 import os
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache, small_matmul
+from jax_specdec.kernels import cpu_matmul
+from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache, products
 
 # Without a C++ compiler the kernel cannot be built and the products are XLA's; with one,
 # a build that fails is a failure here, not a skip.
@@ -25,11 +26,11 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
     """The tests that call the kernels directly need them registered (any test alone)."""
-    small_matmul.available()
+    cpu_matmul.available()
 
 
 def test_the_kernel_builds():
-    assert small_matmul.available()
+    assert cpu_matmul.available()
 
 
 # (leading dims, K, N): every row count 1-8 (6-8 take two vectors of columns per pass),
@@ -70,7 +71,7 @@ def test_products_match_float64(lead, k, n):
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))  # [N, K]: x @ e.T = x @ w
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     tol = 2e-6 * np.sqrt(k) * np.abs(want).max()
-    for fn, weight in ((small_matmul._kernel, w), (small_matmul._kernel_t, e)):
+    for fn, weight in ((cpu_matmul._kernel, w), (cpu_matmul._kernel_t, e)):
         got = jax.jit(fn)(x, weight)
         assert got.shape == (*lead, n) and got.dtype == jnp.float32
         np.testing.assert_allclose(got, want, rtol=0, atol=tol)
@@ -84,7 +85,7 @@ def test_rows_equal_the_same_rows_one_at_a_time(lead, k, n):
     x, w = _data(lead, k, n, seed=1)
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
     rows = x.reshape(-1, k)
-    pairs = [(small_matmul._kernel, w)] + [(small_matmul._kernel_t, e)] * (len(rows) <= 8)
+    pairs = [(cpu_matmul._kernel, w)] + [(cpu_matmul._kernel_t, e)] * (len(rows) <= 8)
     for fn, weight in pairs:
         together = jax.jit(fn)(rows, weight)
         alone = jnp.concatenate([jax.jit(fn)(rows[i : i + 1], weight) for i in range(len(rows))])
@@ -97,11 +98,11 @@ def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     for fn, weight, limit in (
-        (small_matmul.matmul, w, small_matmul.MAX_ROWS),
-        (small_matmul.matmul_t, e, small_matmul.MAX_ROWS_T),
+        (products.matmul, w, cpu_matmul.MAX_ROWS),
+        (products.matmul_t, e, cpu_matmul.MAX_ROWS_T),
     ):
-        transposed = fn is small_matmul.matmul_t
-        assert small_matmul.uses_kernel(x, weight, transposed) == (rows <= limit)
+        transposed = fn is products.matmul_t
+        assert cpu_matmul.uses_kernel(x, weight, transposed) == (rows <= limit)
         hlo = jax.jit(fn).lower(x, weight).as_text()
         assert ("@jax_specdec_small_matmul" in hlo) == (rows <= limit)
         np.testing.assert_allclose(jax.jit(fn)(x, weight), want, rtol=1e-5, atol=1e-5)
@@ -109,20 +110,20 @@ def test_matmul_and_matmul_t_take_the_kernel_up_to_their_limits(rows):
 
 def test_what_takes_the_kernel(monkeypatch):
     x, w = _data((2, 4), 32, 16)
-    assert small_matmul.uses_kernel(x, w)
-    assert small_matmul.uses_kernel(x, w.T, transposed=True)
-    assert not small_matmul.uses_kernel(jnp.zeros((small_matmul.MAX_ROWS + 1, 32)), w)
-    assert not small_matmul.uses_kernel(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
-    assert not small_matmul.uses_kernel(jnp.zeros((0, 32)), w)
-    assert not small_matmul.uses_kernel(x, w[:16])  # inner sizes differ: jnp says so
+    assert cpu_matmul.uses_kernel(x, w)
+    assert cpu_matmul.uses_kernel(x, w.T, transposed=True)
+    assert not cpu_matmul.uses_kernel(jnp.zeros((cpu_matmul.MAX_ROWS + 1, 32)), w)
+    assert not cpu_matmul.uses_kernel(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert not cpu_matmul.uses_kernel(jnp.zeros((0, 32)), w)
+    assert not cpu_matmul.uses_kernel(x, w[:16])  # inner sizes differ: jnp says so
     with pytest.raises((TypeError, ValueError)):
-        small_matmul.matmul(x, w[:16])
+        products.matmul(x, w[:16])
     with pytest.raises((TypeError, ValueError)):
-        small_matmul.matmul_t(x, w[:16])
-    assert small_matmul.matmul(x, w[:, :0]).shape == (2, 4, 0)  # no outputs: jnp
+        products.matmul_t(x, w[:16])
+    assert products.matmul(x, w[:, :0]).shape == (2, 4, 0)  # no outputs: jnp
     monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")
-    assert not small_matmul.uses_kernel(x, w)
-    np.testing.assert_array_equal(small_matmul.matmul(x, w), x @ w)
+    assert not cpu_matmul.uses_kernel(x, w)
+    np.testing.assert_array_equal(products.matmul(x, w), x @ w)
 
 
 @pytest.mark.parametrize("lead,k,n", SHAPES)
@@ -134,11 +135,11 @@ def test_16_bit_weights_give_the_float32_weights_products(lead, k, n):
     e = jnp.asarray(np.ascontiguousarray(np.asarray(w).T))
     for dtype in (jnp.float16, jnp.bfloat16):
         for fn, weight, transposed in (
-            (small_matmul.matmul, w, False),
-            (small_matmul.matmul_t, e, True),
+            (products.matmul, w, False),
+            (products.matmul_t, e, True),
         ):
             narrow = weight.astype(dtype)
-            assert small_matmul.uses_kernel(x, narrow, transposed)
+            assert cpu_matmul.uses_kernel(x, narrow, transposed)
             got = jax.jit(fn)(x, narrow)
             assert got.dtype == jnp.float32
             np.testing.assert_array_equal(got, jax.jit(fn)(x, narrow.astype(jnp.float32)))
@@ -148,17 +149,17 @@ def test_16_bit_weights_above_the_row_limit_go_in_pieces(monkeypatch):
     """More rows than the kernel takes: with 16-bit weights, pieces through the kernel (no
     float32 copy of the weights per call); without the kernel, jnp's product with the
     weights cast to x's type."""
-    x, w = _data((2, small_matmul.MAX_ROWS + 3), 24, 40, seed=5)
+    x, w = _data((2, cpu_matmul.MAX_ROWS + 3), 24, 40, seed=5)
     rows = x.reshape(-1, 24)
     for fn, kernel, weight, transposed in (
-        (small_matmul.matmul, small_matmul._kernel, w, False),
-        (small_matmul.matmul_t, small_matmul._kernel_t, w.T, True),
+        (products.matmul, cpu_matmul._kernel, w, False),
+        (products.matmul_t, cpu_matmul._kernel_t, w.T, True),
     ):
         half = weight.astype(jnp.float16)
-        assert not small_matmul.uses_kernel(x, half, transposed)
+        assert not cpu_matmul.uses_kernel(x, half, transposed)
         hlo = jax.jit(fn).lower(x, half).as_text()
         assert hlo.count("@jax_specdec_small_matmul") == 3  # 64 + 64 + 6 rows
-        limit = small_matmul.MAX_ROWS
+        limit = cpu_matmul.MAX_ROWS
         want = jnp.concatenate([kernel(rows[i : i + limit], half) for i in (0, limit, 2 * limit)])
         np.testing.assert_array_equal(jax.jit(fn)(x, half), want.reshape(2, limit + 3, 40))
         monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")
@@ -181,11 +182,11 @@ def test_16_bit_widening_on_every_instruction_set(march, tmp_path):
     """The 16-bit paths compiled without XLA for AVX-512 (native here), F16C without
     AVX-512 (x86-64-v3) and neither (x86-64): every float16 and bfloat16 value widens
     exactly (signalling NaNs may come out quiet), and every product path gives what the
-    widened float32 weights give (tests/small_matmul_widen.cc)."""
+    widened float32 weights give (tests/cpu_matmul_widen.cc)."""
     needs = {"x86-64-v3": {"avx2", "f16c", "fma"}, "x86-64": set(), "native": set()}[march]
     if platform.machine() not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
         pytest.skip(f"this CPU cannot run -march={march}")
-    driver = pathlib.Path(__file__).with_name("small_matmul_widen.cc")
+    driver = pathlib.Path(__file__).with_name("cpu_matmul_widen.cc")
     compiler = os.environ.get("CXX") or "c++"
     binary, out = tmp_path / "widen", tmp_path / "widened.bin"
     flags = ["-O2", f"-march={march}", "-ffp-contract=fast", "-std=c++17", "-w"]
@@ -205,7 +206,7 @@ def test_16_bit_widening_on_every_instruction_set(march, tmp_path):
 def test_bfloat16_products_keep_float32_logits():
     x, w = _data((1, 3), 32, 16)
     x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-    got = small_matmul.matmul(x, w, preferred_element_type=jnp.float32)
+    got = products.matmul(x, w, preferred_element_type=jnp.float32)
     want = jnp.matmul(x, w, preferred_element_type=jnp.float32)
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(got, want)
@@ -219,8 +220,8 @@ def test_gradient_is_the_products():
         return lambda x, w: jnp.sum(jnp.sin(fn(x, w)))
 
     for kernel, plain, weight in (
-        (small_matmul.matmul, jnp.matmul, w),
-        (small_matmul.matmul_t, lambda x, e: x @ e.T, e),
+        (products.matmul, jnp.matmul, w),
+        (products.matmul_t, lambda x, e: x @ e.T, e),
     ):
         got = jax.grad(loss(kernel), argnums=(0, 1))(x, weight)
         want = jax.grad(loss(plain), argnums=(0, 1))(x, weight)

@@ -20,9 +20,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_specdec.data import sample_windows
-from jax_specdec.fit import Fit, fit
 from jax_specdec.nn import Transformer
+from jax_specdec.training.corpus import sample_windows
+from jax_specdec.training.fit import Fit, fit
 
 __all__ = ["TrainConfig", "train", "evaluate_loss", "DIVERGENCES"]
 

@@ -16,8 +16,10 @@ import time
 import numpy as np
 from flax import nnx
 
-from jax_specdec.data import encode_files, stdlib_corpus
-from jax_specdec.feature_data import (
+from jax_specdec.io.heads import load_head, load_head_config, save_head
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.training.corpus import encode_files, stdlib_corpus
+from jax_specdec.training.head_data import (
     FeatureSet,
     extract_features,
     greedy_continuations,
@@ -26,9 +28,7 @@ from jax_specdec.feature_data import (
     spread_windows,
     windows_of,
 )
-from jax_specdec.feature_io import load_head, load_head_config, save_head
-from jax_specdec.feature_train import HeadTrainConfig, agreement, init_from_target, train_head
-from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+from jax_specdec.training.head_train import HeadTrainConfig, agreement, init_from_target, train_head
 
 __all__ = ["DataConfig", "build_head", "prepare_data"]
 
@@ -135,7 +135,7 @@ def build_head(
     head's weights and kept tokens instead of from the target's output rows. `kept`
     (default 8192) and `layers` (default 1) default to `init`'s where it is given.
     """
-    from jax_specdec.decode.feature_drafter import tokenizer_sha256
+    from jax_specdec.io.heads import tokenizer_sha256
 
     if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
         raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")

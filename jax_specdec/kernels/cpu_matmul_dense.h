@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "small_matmul_vec.h"
+#include "cpu_matmul_vec.h"
 
 namespace {
 

@@ -6,6 +6,7 @@ token ids). `is_feature_head(path)` tells such a directory from a model director
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ from safetensors.numpy import save_file
 
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
-__all__ = ["is_feature_head", "load_head", "load_head_config", "save_head"]
+__all__ = ["is_feature_head", "load_head", "load_head_config", "save_head", "tokenizer_sha256"]
 
 CONFIG = "head_config.json"
 WEIGHTS = "model.safetensors"
@@ -102,3 +103,9 @@ def load_head(path: str | os.PathLike, param_dtype: str | None = None) -> Featur
                 )
             leaf.set_value(jnp.asarray(array, expected.dtype))
     return nnx.merge(graphdef, state)
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """SHA-256 of a `tokenizers.Tokenizer`'s JSON (how a head names its tokenizer)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    return hashlib.sha256(backend.to_str().encode()).hexdigest()

@@ -1,4 +1,4 @@
-// Test driver (tests/test_small_matmul.py): the kernel's 16-bit paths built without
+// Test driver (tests/test_cpu_kernel.py): the kernel's 16-bit paths built without
 // XLA, for whatever -march the test compiles it with (AVX-512, F16C only, or neither).
 // Writes every float16 and every bfloat16 bit pattern widened by Widen and by LoadW
 // (2 x 2 x 65536 float32, binary, to the file argv[1]), then prints, for each product
@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "../jax_specdec/nn/small_matmul_dense.h"
-#include "../jax_specdec/nn/small_matmul_tied.h"
+#include "../jax_specdec/kernels/cpu_matmul_dense.h"
+#include "../jax_specdec/kernels/cpu_matmul_tied.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 `load_gguf_model(path)` reads a `.gguf` file with the `gguf` package (llama.cpp's own
 reader, which memory-maps the file), builds the `TransformerConfig` from the file's
 metadata and dequantizes one tensor at a time into the requested dtype, so the peak
-memory stays near one dequantized copy of the weights. `jax_specdec.hf.load_model`
+memory stays near one dequantized copy of the weights. `jax_specdec.io.hf.load_model`
 calls it for `.gguf` paths. `convert_gguf(path, out_dir)` writes the same weights as a
 Hugging Face directory.
 
@@ -15,21 +15,29 @@ files are not permuted.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from jax_specdec.hf import _hf_entries, build_model
-from jax_specdec.hf_config import _dtype_name, config_to_hf
+from jax_specdec.io.gguf_file import GGUFError, brief, field, open_gguf
+from jax_specdec.io.hf_config import _dtype_name, config_to_hf
+from jax_specdec.io.layout import build_model, hf_entries
 from jax_specdec.nn import Transformer, TransformerConfig
 
 Path_ = str | os.PathLike
+
+__all__ = [
+    "ARCHITECTURES",
+    "GGUFError",
+    "config_from_gguf",
+    "convert_gguf",
+    "load_gguf_model",
+    "open_gguf",
+]
 
 # GGUF general.architecture -> the Hugging Face architecture whose tensors it holds.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -54,48 +62,6 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be read or is not supported; the message names the file."""
-
-
-def open_gguf(path: Path_):
-    """A `gguf.GGUFReader` on `path` (memory-mapped), or a one-line error naming the file.
-
-    The last reader is reused while the file is unchanged (parsing the metadata of a
-    50k-token vocabulary takes seconds; the model and its tokenizer both need it).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
-    stat = path.stat()
-    return _reader(path.resolve(), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=1)
-def _reader(path: Path, mtime_ns: int, size: int):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path, "r")
-    except Exception as e:  # the reader raises assorted errors on corrupt input
-        raise GGUFError(
-            f"{path}: not a readable GGUF file, truncated or corrupt ({_brief(e)})"
-        ) from e
-
-
-def field(reader, key: str, default: Any = ...) -> Any:
-    """The value of metadata field `key` (str, number, bool or list); `default` if absent."""
-    f = reader.fields.get(key)
-    if f is None:
-        if default is ...:
-            raise GGUFError(f"{reader.data.filename}: metadata field {key!r} is missing")
-        return default
-    try:
-        return f.contents()
-    except Exception as e:
-        raise GGUFError(f"{reader.data.filename}: metadata field {key!r} is corrupt") from e
 
 
 def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
@@ -143,7 +109,7 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             param_dtype=_dtype_name(dtype or "float32"),
         )
     except (TypeError, ValueError) as e:
-        raise GGUFError(f"{file}: metadata does not describe a valid model ({_brief(e)})") from e
+        raise GGUFError(f"{file}: metadata does not describe a valid model ({brief(e)})") from e
     return config, ARCHITECTURES[arch]
 
 
@@ -171,7 +137,7 @@ def hf_tensors(path: Path_):
     """
     reader = open_gguf(path)
     config, arch = config_from_gguf(reader)
-    shapes = {name: shape for name, shape, _ in _hf_entries(config, arch)}
+    shapes = {name: shape for name, shape, _ in hf_entries(config, arch)}
     tensors = _check_tensors(reader, shapes)
     kv_heads = config.num_kv_heads
     gguf_arch = field(reader, "general.architecture")
@@ -204,7 +170,7 @@ def load_gguf_model(path: Path_, *, dtype=None) -> Transformer:
     config, arch, tensors = hf_tensors(path)
     config = config.replace(dtype=_dtype_name(dtype or "float32"))
     config = config.replace(param_dtype=config.dtype)
-    converts = {name: convert for name, _, convert in _hf_entries(config, arch)}
+    converts = {name: convert for name, _, convert in hf_entries(config, arch)}
     return build_model(config, (converts[name](w) for name, w in tensors))
 
 
@@ -217,7 +183,7 @@ def convert_gguf(path: Path_, out_dir: Path_) -> Path:
     """
     from safetensors.numpy import save_file
 
-    from jax_specdec.gguf_tokenizer import load_gguf_tokenizer, special_token_ids
+    from jax_specdec.io.gguf_tokenizer import load_gguf_tokenizer, special_token_ids
 
     tokenizer = load_gguf_tokenizer(path)
     config, arch, tensors = hf_tensors(path)
@@ -276,9 +242,4 @@ def _dequantize(reader, t) -> np.ndarray:
     try:
         return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
     except Exception as e:
-        raise GGUFError(f"{reader.data.filename}: tensor {t.name} is corrupt ({_brief(e)})") from e
-
-
-def _brief(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+        raise GGUFError(f"{reader.data.filename}: tensor {t.name} is corrupt ({brief(e)})") from e

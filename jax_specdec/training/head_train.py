@@ -21,9 +21,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_specdec.feature_data import FeatureSet
-from jax_specdec.fit import Fit, fit
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
+from jax_specdec.training.fit import Fit, fit
+from jax_specdec.training.head_data import FeatureSet
 
 __all__ = ["HeadTrainConfig", "agreement", "init_from_target", "output_rows", "train_head"]
 

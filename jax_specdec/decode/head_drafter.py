@@ -20,7 +20,7 @@ scattered into the full vocabulary (zero elsewhere); drafts are drawn from it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import os
 from typing import ClassVar
 
 import jax
@@ -31,15 +31,17 @@ from jax_specdec.decode.drafter import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import load_row, new_cache, written_after
 from jax_specdec.decode.stats import nonfinite
+from jax_specdec.io.heads import load_head, tokenizer_sha256
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
 from jax_specdec.sampling import probs_from_logits
 
-__all__ = ["FeatureCache", "FeatureDraft", "FeatureDrafter", "attach", "tokenizer_sha256"]
+__all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head"]
 
 
-class FeatureDraft(nnx.Module):
-    """A feature head with the target's token embedding (shared, not copied)."""
+class AttachedHead(nnx.Module):
+    """A feature head attached to its target: the head with the target's token embedding
+    (shared, not copied). `attach_head` makes one; `Generator` drafts with it."""
 
     def __init__(self, head: FeatureHead, embed: jax.Array):
         self.head = head
@@ -51,15 +53,12 @@ class FeatureDraft(nnx.Module):
         return self.head.config.layer
 
 
-def tokenizer_sha256(tokenizer) -> str:
-    """SHA-256 of a `tokenizers.Tokenizer`'s JSON (how a head names its tokenizer)."""
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    return hashlib.sha256(backend.to_str().encode()).hexdigest()
-
-
-def attach(head: FeatureHead, target: Transformer, tokenizer=None) -> FeatureDraft:
-    """Checks that `head` drafts for `target` (and its tokenizer, if given) and pairs
-    them. Raises ValueError naming both models on any mismatch."""
+def attach_head(head: FeatureHead | str | os.PathLike, target: Transformer, tokenizer=None):
+    """`head` (a `FeatureHead`, or a head directory to load) paired with `target`'s token
+    embedding as an `AttachedHead`, after checking that it drafts for `target` (and for
+    its tokenizer, if given). Raises ValueError naming both models on any mismatch."""
+    if not isinstance(head, FeatureHead):
+        head = load_head(head)
     hc, tc = head.config, target.config
     name = f"the feature head (trained for {hc.target or 'an unnamed target'})"
     if hc.d_model != tc.d_model:
@@ -77,7 +76,7 @@ def attach(head: FeatureHead, target: Transformer, tokenizer=None) -> FeatureDra
     if tokenizer is not None and hc.tokenizer_sha256:
         if tokenizer_sha256(tokenizer) != hc.tokenizer_sha256:
             raise ValueError(f"{name} was trained with another tokenizer than the target's")
-    return FeatureDraft(head, target.embed[...])
+    return AttachedHead(head, target.embed[...])
 
 
 @struct.dataclass
@@ -97,12 +96,12 @@ class FeatureCache:
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureDrafter:
-    """The drafter protocol for a `FeatureDraft` model (see the module docstring)."""
+class HeadDrafter:
+    """The drafter protocol for an `AttachedHead` (see the module docstring)."""
 
     reads_features: ClassVar[bool] = True
 
-    def init(self, model: FeatureDraft, prompts, prompt_lengths, config, *, features):
+    def init(self, model: AttachedHead, prompts, prompt_lengths, config, *, features):
         kv, pending = _prefill(
             model,
             new_cache(model.config, prompts.shape[0], config),
@@ -113,7 +112,7 @@ class FeatureDrafter:
         )
         return FeatureCache(kv, pending, jnp.ones_like(prompt_lengths))
 
-    def load(self, model: FeatureDraft, cache, slot, prompt, prompt_length, config, *, features):
+    def load(self, model: AttachedHead, cache, slot, prompt, prompt_length, config, *, features):
         """Row `slot` holding only `prompt` [1, P] (length [1]), as `init` makes it."""
         row = init_cache(model.config, batch=1, max_len=prompt.shape[1])
         row, pending = _prefill(model, row, prompt, prompt_length, config, features)
@@ -123,7 +122,7 @@ class FeatureDrafter:
             cache.count.at[slot].set(1),
         )
 
-    def prepare(self, model: FeatureDraft, cache: FeatureCache, inputs: DraftInputs, config):
+    def prepare(self, model: AttachedHead, cache: FeatureCache, inputs: DraftInputs, config):
         """The round's first head call: the chunk of verified entries and the first draft."""
         predicted, keys, values = _chunk(model, cache, inputs.tokens)
         last = jnp.maximum(cache.count - 1, 0)[:, None, None]
@@ -132,7 +131,7 @@ class FeatureDrafter:
         x, q, bad = _draft(model, logits, inputs.keys[:, 0], config)
         return cache, _Prepared(keys, values, x, q, predicted, bad), None
 
-    def propose(self, model: FeatureDraft, cache: FeatureCache, inputs, prepared, width, config):
+    def propose(self, model: AttachedHead, cache: FeatureCache, inputs, prepared, width, config):
         batch = inputs.lengths.shape[0]
         if width == 0:
             return Proposal(jnp.zeros((batch, 0), jnp.int32), None, jnp.zeros((batch,), bool))
@@ -161,7 +160,7 @@ class FeatureDrafter:
         kv = write_entries(cache.kv, prepared.keys, prepared.values, start)
         return FeatureCache(kv.replace(lengths=before), features, after - before)
 
-    def absorb(self, model: FeatureDraft, cache: FeatureCache, tokens, before, after, features):
+    def absorb(self, model: AttachedHead, cache: FeatureCache, tokens, before, after, features):
         """The cache after a plain target step (a γ = 0 round for the whole batch):
         `features` [B, 1, D] of position before - 1, where the rows' lengths went from
         `before` to `after` [B] (after - before = 0 for a finished row). The feature
@@ -190,7 +189,7 @@ class FeatureDrafter:
         return FeatureCache(kv, waiting, count + (after - before))
 
 
-def _chunk(model: FeatureDraft, cache: FeatureCache, tokens):
+def _chunk(model: AttachedHead, cache: FeatureCache, tokens):
     """The head on the chunk of waiting entries A … A + γ_max (the first `count`
     valid): (predicted features, keys, values), nothing written."""
     start, width = cache.kv.lengths, cache.features.shape[1]
@@ -199,7 +198,7 @@ def _chunk(model: FeatureDraft, cache: FeatureCache, tokens):
     return model.head.decode_entries(cache.features, chunk, model.embed[...], cache.kv, start)
 
 
-def _prefill(model: FeatureDraft, kv, prompts, prompt_lengths, config, features):
+def _prefill(model: AttachedHead, kv, prompts, prompt_lengths, config, features):
     """The head's entries for the prompts [B, P] written into the empty cache `kv` (valid
     below the prompt lengths), and the chunk of waiting features: the prompt's last."""
     batch = prompts.shape[0]
@@ -221,7 +220,7 @@ class _Prepared(struct.PyTreeNode):
     bad: jax.Array  # [B] NaN/inf met
 
 
-def _draft(model: FeatureDraft, logits, key, config):
+def _draft(model: AttachedHead, logits, key, config):
     """Kept-token logits [B, K] -> (token [B], q [B, V], NaN flag [B]): q is the softmax
     over the kept tokens after the sampling transforms, zero elsewhere."""
     ids = model.head.vocab_map[...]

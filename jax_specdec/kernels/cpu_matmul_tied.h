@@ -1,6 +1,6 @@
 // SmallMatmulT's products, y[M, V] = x[M, D] @ e[V, D]^T for a piece of e's rows (a
 // tied embedding as the LM head): Rows (up to kGroup rows) and TransposedTiles (more).
-// e's elements are float32, or 16-bit widened as they are read (W: small_matmul_vec.h).
+// e's elements are float32, or 16-bit widened as they are read (W: cpu_matmul_vec.h).
 
 #ifndef JAX_SPECDEC_SMALL_MATMUL_TIED_H_
 #define JAX_SPECDEC_SMALL_MATMUL_TIED_H_
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "small_matmul_vec.h"
+#include "cpu_matmul_vec.h"
 
 namespace {
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from jax_specdec.gguf import GGUFError, field, open_gguf
+from jax_specdec.io.gguf_file import GGUFError, field, open_gguf
 
 Path_ = str | os.PathLike
 

@@ -1,10 +1,11 @@
-"""Products of a few float32 rows with a weight matrix, on XLA:CPU, as a custom call.
+"""An optional accelerator of the CPU backend: products of a few float32 rows with a
+weight matrix, on XLA:CPU, as a custom call. `jax_specdec.nn.products` picks it.
 
 A decode step multiplies one row per sequence by every weight matrix and a verify call
 γ + 1 rows; both are bound by reading the weights from memory once. XLA:CPU computes
 the one-row product as a matrix-vector product that streams the weights, but hands 2 or
 more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
-1.5-2x a one-row step (docs/step_cost.md). `small_matmul.cc` reads each weight once for
+1.5-2x a one-row step (docs/step_cost.md). `cpu_matmul.cc` reads each weight once for
 up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
 matrices with 16 rows or more, the rows) over XLA's own thread pool.
 
@@ -12,16 +13,18 @@ matrices with 16 rows or more, the rows) over XLA's own thread pool.
 embedding as the LM head) use the kernel when it applies: float32 x and float32 weights
 (or float16 / bfloat16 ones, widened as they are read: half the bytes, the same result as
 the weights stored as float32; more rows than the limit then go in pieces), at most
-`MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment variable
-`JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they are the plain
-jnp products. `matmul` sums every output element in the same order whatever the
-number of rows, so a verify call's rows equal the same rows computed one at a time;
-`matmul_t` does so up to 8 rows.
+`MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment
+variable `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they return
+None and `jax_specdec.nn.products` takes jnp's products. `matmul` sums every output
+element in the same order whatever the number of rows, so a verify call's rows equal
+the same rows computed one at a time; `matmul_t` does so up to 8 rows.
 
 The library is compiled on first use with the system's C++ compiler (`$CXX`, else
 `c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
-the sources, the flags, the CPU and jaxlib's version. Without a compiler, or if the
-build fails, a warning says so once and the plain products are used.
+the sources, the flags, the CPU and jaxlib's version. The build has a time limit
+(`BUILD_TIMEOUT` seconds) and the compiler's warnings are shown as a Python warning.
+Without a compiler, or if the build fails or runs out of time, a warning says so once
+and jnp's products are used.
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ MAX_ROWS = 64
 #: the same for `matmul_t` (the LM head): above 8 rows the product is computed turned
 #: around (eᵀ's rows as the tiles' rows), summed in another order than up to 8 rows.
 MAX_ROWS_T = 64
-_SOURCE = pathlib.Path(__file__).with_name("small_matmul.cc")  # includes small_matmul_*.h
+_SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")  # includes cpu_matmul_*.h
 _WEIGHT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)  # `matmul`'s w in the kernel
 # -ffp-contract=fast (GCC's default, spelled out): the vector lanes fuse multiply-add,
 # as the scalar tails do explicitly, which keeps a row's sums the same whatever M is.
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC")
+#: seconds the compiler may take before the build counts as failed.
+BUILD_TIMEOUT = 300
 _TARGETS = {"SmallMatmul": "jax_specdec_small_matmul", "SmallMatmulT": "jax_specdec_small_matmul_t"}
 
 
@@ -75,10 +80,19 @@ def _build(out: pathlib.Path, compiler: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = pathlib.Path(tmp) / out.name
-        command = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(built)]
-        done = subprocess.run(command, capture_output=True, text=True)
+        command = [compiler, *_FLAGS, f"-isystem{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(built)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{compiler} took over {BUILD_TIMEOUT} s") from None
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        if done.stderr.strip():
+            warnings.warn(
+                f"jax_specdec: the CPU kernel built with warnings:\n{done.stderr[-2000:]}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         os.replace(built, out)  # atomic: concurrent processes see the whole file or none
 
 
@@ -87,12 +101,12 @@ def _library() -> bool:
     """Builds (once per machine) and registers the kernels; False if that fails."""
     import jaxlib
 
-    from jax_specdec.zoo import cache_dir
+    from jax_specdec.io.zoo import cache_dir
 
     try:
         key = hashlib.sha256()
         compiler = os.environ.get("CXX") or "c++"
-        sources = [_SOURCE, *sorted(_SOURCE.parent.glob("small_matmul_*.h"))]
+        sources = [_SOURCE, *sorted(_SOURCE.parent.glob("cpu_matmul_*.h"))]
         for part in (*(s.read_bytes() for s in sources), " ".join((compiler, *_FLAGS)), _cpu_id()):
             key.update(part if isinstance(part, bytes) else part.encode())
         key.update(jaxlib.__version__.encode())
@@ -105,7 +119,7 @@ def _library() -> bool:
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     except (OSError, RuntimeError, AttributeError) as e:
         warnings.warn(
-            f"jax_specdec: the small-matmul kernel is not available ({e}); using XLA's "
+            f"jax_specdec: the CPU kernel is not available ({e}); using XLA's "
             "products (a verify call then costs more on CPU)",
             RuntimeWarning,
             stacklevel=3,
@@ -182,23 +196,18 @@ def _pieces(kernel, x: jax.Array, w: jax.Array, transposed: bool):
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def matmul(x: jax.Array, w: jax.Array, preferred_element_type=None) -> jax.Array:
-    """x [..., K] @ w [K, N] -> [..., N], through the kernel where it applies (x
-    float32, w float32, float16 or bfloat16; float32 out; 16-bit w with more rows than
-    it takes: in pieces); otherwise `jnp.matmul` of x and w cast to x's type, with
-    `preferred_element_type`."""
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array | None:
+    """x [..., K] @ w [K, N] -> [..., N] float32 through the kernel where it applies (x
+    float32, w float32, float16 or bfloat16; 16-bit w with more rows than it takes: in
+    pieces); None where it does not (`jax_specdec.nn.products` then takes jnp's)."""
     if uses_kernel(x, w):
         return _kernel(x, w)
-    if (y := _pieces(_kernel, x, w, transposed=False)) is not None:
-        return y
-    return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=preferred_element_type)
+    return _pieces(_kernel, x, w, transposed=False)
 
 
-def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array:
-    """x [..., D] @ e [V, D]ᵀ -> [..., V] float32, through the kernel where it applies (as
-    `matmul`); otherwise jnp's product with e cast to x's type."""
+def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array | None:
+    """x [..., D] @ e [V, D]ᵀ -> [..., V] float32 through the kernel where it applies (as
+    `matmul`); None where it does not."""
     if uses_kernel(x, e, transposed=True):
         return _kernel_t(x, e)
-    if (y := _pieces(_kernel_t, x, e, transposed=True)) is not None:
-        return y
-    return jnp.einsum("...d,vd->...v", x, e.astype(x.dtype), preferred_element_type=jnp.float32)
+    return _pieces(_kernel_t, x, e, transposed=True)
