@@ -1,7 +1,9 @@
 """Shared fixtures: the tiny target and draft of the loop tests, and a tiny pair saved as
 model directories. Shared functions live in helpers.py."""
 
+import json
 import os
+import pathlib
 
 import jax
 import pytest
@@ -18,10 +20,19 @@ from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
 
 # Every program XLA:CPU compiles keeps a few hundred memory maps until it is dropped, and a
-# process may hold vm.max_map_count (65530 by default) of them: past that, the next compile
-# segfaults. The whole suite compiles thousands of programs in one process, so compiled
-# programs are dropped once a test leaves the process above MAP_BUDGET maps.
-MAP_BUDGET = 20_000
+# process may hold vm.max_map_count of them: past that, the next compile segfaults. Each
+# test file starts from no compiled programs (so the programs it compiles are its own and
+# their count does not depend on the files run before it in the process), and within a
+# file they are dropped once a test leaves the process above half of that limit.
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+MAP_BUDGET = _map_limit() // 2
 
 
 def _memory_maps():
@@ -37,6 +48,47 @@ def _drop_compiled_programs():
     yield
     if _memory_maps() > MAP_BUDGET:
         jax.clear_caches()
+
+
+# Programs compiled per test file, held to tests/compile_budget.json: a file that compiles
+# more than its budget fails at its last test's teardown, so the suite does not drift back
+# to compiling the same program again and again. JAX_SPECDEC_COMPILE_COUNTS=DIR writes the
+# counts of each process to DIR (to set the budgets after a deliberate change).
+BUDGETS = json.loads((pathlib.Path(__file__).with_name("compile_budget.json")).read_text())
+_compiles = [0]
+_counts: dict[str, int] = {}
+
+
+def _count(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_budget(request):
+    jax.clear_caches()
+    before = _compiles[0]
+    yield
+    name = request.path.name
+    _counts[name] = _compiles[0] - before
+    budget = BUDGETS.get(name)
+    if budget is not None and _counts[name] > budget:
+        pytest.fail(
+            f"{name} compiled {_counts[name]} programs, over its budget of {budget} in "
+            "tests/compile_budget.json: share compiled programs between its tests (one bound "
+            "Run, module-scoped fixtures), or raise the budget if the new programs are needed"
+        )
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("JAX_SPECDEC_COMPILE_COUNTS")
+    if out and _counts:
+        path = pathlib.Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"{os.getpid()}.json").write_text(json.dumps(_counts, indent=1, sort_keys=True))
 
 
 @pytest.fixture(scope="session")

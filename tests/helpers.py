@@ -7,6 +7,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from scipy import stats
 
@@ -98,6 +99,13 @@ def sample_sequences(target, draft, sampling, gamma, eos, seed, **kwargs):
     return seqs, out.stats
 
 
+def wrong_rule_pvalue(target, seqs, sampling, eos):
+    """The exactness tests' statistic on the rows of PROMPTS[0] among `seqs` (sampled with
+    a wrong acceptance rule, which the tests must catch: a p-value below 1e-6)."""
+    exact = exact_sequence_probs(target, np.array(PROMPTS[0]), sampling, eos)
+    return chi_square_pvalue(seqs[0::2], exact)
+
+
 def wrong_accept(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
     """Resamples a rejection from plain p instead of the residual: not exact."""
 
@@ -142,3 +150,15 @@ def count_compiles():
         yield count
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def cli_refusal(argv, capsys) -> str:
+    """Runs the CLI in-process on bad input: it must exit with code 2 (no traceback, which
+    in-process would be an exception); returns its stderr."""
+    from jax_specdec.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err

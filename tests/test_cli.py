@@ -7,6 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from helpers import cli_refusal
 
 from jax_specdec import SamplingConfig, speculative_generate
 from jax_specdec.cli import main
@@ -92,15 +93,22 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         (["x", "-k", "0"], "num_draft_tokens"),
     ],
 )
-def test_generate_bad_input_one_line_exit_2(pair, extra, message):
+def test_generate_bad_input_one_line_exit_2(pair, extra, message, capsys):
     extra = [str(pair / "other") if e == "OTHER" else e for e in extra]
     argv = ["generate", "--target", str(pair / "target"), "--draft", str(pair / "draft"), *extra]
+    err = cli_refusal(argv, capsys)
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_console_script_bad_input_one_line_exit_2(pair):
+    """The same refusal through a real process (the installed module's entry point)."""
+    argv = ["generate", "--target", str(pair / "target"), "x", "--top-p", "2"]
     proc = subprocess.run(
         [sys.executable, "-m", "jax_specdec.cli", *argv], capture_output=True, text=True
     )
     assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "top_p" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

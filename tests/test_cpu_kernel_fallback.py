@@ -56,9 +56,10 @@ def test_never_imported_on_another_backend(monkeypatch):
     _forbid_import(monkeypatch)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     x, w = jnp.ones((3, 8)), jnp.arange(64.0).reshape(8, 8)
-    hlo = jax.jit(products.matmul).lower(x, w).as_text() + jax.jit(products.matmul_t).lower(
-        x, w
-    ).as_text()
+    hlo = (
+        jax.jit(products.matmul).lower(x, w).as_text()
+        + jax.jit(products.matmul_t).lower(x, w).as_text()
+    )
     assert "jax_specdec" not in hlo
     np.testing.assert_allclose(products.matmul(x, w), x @ w)
 

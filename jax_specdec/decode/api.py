@@ -5,6 +5,7 @@ its bound calls (`Run`), and the one-call forms `speculative_generate` and
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -13,6 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_specdec.acceptance import accept_with_noise
 from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
@@ -108,6 +110,9 @@ class Generator:
       pad_token_id: fills the output after each row's end.
       mesh: a `Mesh` with axes "data" and "model": rows over data, weights and the
         caches' heads over model; still one program (also under `jax.distributed`).
+      acceptance: the acceptance rule, a static part of the program: a function with the
+        signature of `jax_specdec.acceptance.accept_with_noise`, the exact rule and the
+        default. Another rule is for showing that the exactness tests catch a wrong one.
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class Generator:
         vocab_size: int | None = None,
         pad_token_id: int = 0,
         mesh: Mesh | None = None,
+        acceptance: Callable = accept_with_noise,
     ):
         if not isinstance(target, Transformer):
             raise TypeError(
@@ -143,6 +149,9 @@ class Generator:
         ):
             raise ValueError(f"eos_token_id must lie in [0, {self.vocab_size}), got {eos_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        if not callable(acceptance):
+            raise TypeError(f"acceptance must be a function, got {type(acceptance).__name__}")
+        self.acceptance = acceptance
         self._split(mesh)
 
     def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
@@ -246,6 +255,7 @@ class Generator:
             cache_len=cache_len,
             mesh=self.mesh,
             num_slots=num_slots,
+            acceptance=self.acceptance,
         )
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))

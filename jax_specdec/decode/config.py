@@ -8,10 +8,12 @@ does not recompile.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from jax.sharding import Mesh
 
+from jax_specdec.acceptance import accept_with_noise
 from jax_specdec.sampling import SamplingConfig
 
 __all__ = ["LoopConfig"]
@@ -37,6 +39,8 @@ class LoopConfig:
       mesh: a ("data", "model") mesh the program is partitioned over, or None.
       num_slots: run the prompts through this many rows, each refilled with the next
         waiting prompt when its row finishes (`decode.slots`); None: one row per prompt.
+      acceptance: the acceptance rule, a function with the signature of
+        `jax_specdec.acceptance.accept_with_noise` (the exact rule, the default).
     """
 
     target_def: Any
@@ -51,6 +55,7 @@ class LoopConfig:
     cache_len: int
     mesh: Mesh | None = None
     num_slots: int | None = None
+    acceptance: Callable = accept_with_noise
 
     @property
     def gamma_max(self) -> int:

@@ -2,14 +2,15 @@
 
 One target call on [pending, x1 … xw] per row, on a read-only cache; row b's first
 counts[b] drafts go through the acceptance step (Leviathan et al., Algorithm 1) and
-the accepted run plus a correction or bonus token is appended.
+the accepted run plus a correction or bonus token is appended. The rule is the
+config's `acceptance` (the exact `acceptance.accept_with_noise` unless a test swaps it).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_specdec.acceptance import AcceptResult, accept_with_noise
+from jax_specdec.acceptance import AcceptResult
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafter import Proposal, reads_features
 from jax_specdec.decode.noise import Noise, draw
@@ -55,7 +56,7 @@ def verify(
         result = AcceptResult(jnp.zeros_like(counts), token)
     else:
         p = probs_from_logits(logits, config.sampling)  # [B, w + 1, V]
-        result = accept_with_noise(
+        result = config.acceptance(
             noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
         )
     accepted = result.num_accepted
