@@ -114,6 +114,15 @@ def load_pair(target: str, draft: str) -> Loaded:
     )
 
 
+def config_from_args(cls, args, **values):
+    """The dataclass `cls` with each field read from the flag of the same name in `args`
+    (fields without a flag keep their default); `values` set the rest by hand."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)} - set(values)
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)}, **values)
+
+
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0)

@@ -44,17 +44,7 @@ def run(args, parser) -> int:
     from jax_specdec.training.lm import TrainConfig
 
     try:
-        config = TrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            learning_rate=args.learning_rate,
-            warmup_steps=args.warmup_steps,
-            seed=args.seed,
-            eval_every=args.eval_every,
-            checkpoint_every=args.checkpoint_every,
-            divergence=getattr(args, "divergence", "ce"),
-        )
+        config = common.config_from_args(TrainConfig, args)
     except ValueError as e:
         common.fail(parser, e)
     from jax_specdec.training import lm_recipe as workflow

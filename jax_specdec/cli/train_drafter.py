@@ -67,26 +67,8 @@ def _configs(args):
     from jax_specdec.training.head_recipe import DataConfig
     from jax_specdec.training.head_train import HeadTrainConfig
 
-    data = DataConfig(
-        kind=args.data,
-        tokens=args.tokens,
-        seq_len=args.seq_len,
-        prompt_len=args.prompt_len,
-        corpus=args.corpus,
-        spread=args.spread,
-    )
-    train = HeadTrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every,
-        ce_weight=args.ce_weight,
-        feature_weight=args.feature_weight,
-        unroll=args.unroll,
-    )
-    return data, train
+    data = common.config_from_args(DataConfig, args, kind=args.data)
+    return data, common.config_from_args(HeadTrainConfig, args)
 
 
 def run(args, parser) -> int:
