@@ -80,7 +80,14 @@ def _build(out: pathlib.Path, compiler: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = pathlib.Path(tmp) / out.name
-        command = [compiler, *_FLAGS, f"-isystem{jax.ffi.include_dir()}", str(_SOURCE), "-o", str(built)]
+        command = [
+            compiler,
+            *_FLAGS,
+            f"-isystem{jax.ffi.include_dir()}",
+            str(_SOURCE),
+            "-o",
+            str(built),
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         except subprocess.TimeoutExpired:
