@@ -135,24 +135,10 @@ def build_head(
     head's weights and kept tokens instead of from the target's output rows. `kept`
     (default 8192) and `layers` (default 1) default to `init`'s where it is given.
     """
-    from jax_specdec.io.heads import tokenizer_sha256
-
     if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
         raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")
-    shape = None if init is None else load_head_config(init)
-    if kept is None:
-        kept = 8192 if shape is None else shape.kept
-    if layers is None:
-        layers = 1 if shape is None else shape.layer.num_layers
-    config = FeatureHeadConfig.for_target(
-        target.config,
-        kept,
-        target=target_name,
-        tokenizer_sha256=tokenizer_sha256(tokenizer),
-        num_layers=layers,
-    )
-    if shape is not None:  # before the extraction, which can take an hour
-        _check_fits(init, shape, config)
+    config = _head_config(target, tokenizer, init, kept, layers, target_name)
+    kept, layers = config.kept, config.layer.num_layers
     init_training = None if init is None else _training_record(init)
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
     _record_start(run_dir, init)
@@ -186,6 +172,29 @@ def build_head(
     }
     pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _head_config(target, tokenizer, init, kept, layers, target_name) -> FeatureHeadConfig:
+    """The head's config: `kept` (default 8192) and `layers` (default 1) default to those
+    of the `init` head where one is given, which must fit the config (checked here, before
+    the extraction, which can take an hour)."""
+    from jax_specdec.io.heads import tokenizer_sha256
+
+    shape = None if init is None else load_head_config(init)
+    if kept is None:
+        kept = 8192 if shape is None else shape.kept
+    if layers is None:
+        layers = 1 if shape is None else shape.layer.num_layers
+    config = FeatureHeadConfig.for_target(
+        target.config,
+        kept,
+        target=target_name,
+        tokenizer_sha256=tokenizer_sha256(tokenizer),
+        num_layers=layers,
+    )
+    if shape is not None:
+        _check_fits(init, shape, config)
+    return config
 
 
 def _check_fits(path, theirs: FeatureHeadConfig, mine: FeatureHeadConfig) -> None:
