@@ -3,32 +3,29 @@ several batch sizes, each measured after a warm-up pass that compiles its progra
 
     python scripts/batch_bench.py [--rows 64] [--batches 8,32,64] [--max-new-tokens 64]
 
-Writes docs/batch_bench.json and prints a markdown table.
+Writes scripts/experiments/batch_bench/batch_bench.json (or --out) and prints a markdown
+table. Run from the repository root.
 """
 
-import argparse
 import json
 import pathlib
 import tempfile
 
+import pair_setup
+
 from jax_specdec.batch import make_generate, read_rows, run_job
-from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
-from jax_specdec.io.hf import load_model, load_tokenizer
 from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = pair_setup.parser(__doc__, "batch_bench")
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--batches", default="8,32,64")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--out", default="docs/batch_bench.json")
     args = parser.parse_args()
-    target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)
-    tokenizer = load_tokenizer(DEFAULT_TARGET)
-    prompts = read_prompts(DEFAULT_PROMPTS)
+    target, draft, tokenizer, prompts = pair_setup.load_pair()
     work = pathlib.Path(tempfile.mkdtemp())
     inp = work / "in.jsonl"
     inp.write_text(
@@ -58,7 +55,7 @@ def main() -> None:
                 )
             results.append({"batch": batch, "mode": mode, **summary})
             print(batch, mode, f"{summary['tokens_per_second']:.0f} tokens/s", flush=True)
-    pathlib.Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    pair_setup.write_json(args.out, results)
     table = []
     for batch in sorted({r["batch"] for r in results}):
         spec, ar = (

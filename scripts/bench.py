@@ -1,10 +1,11 @@
 """Speculative vs autoregressive decoding, side by side in one run.
 
-    python scripts/bench.py                      # docs/bench.md shapes: 37.8M target, 1.05M draft
+    python scripts/bench.py                      # the benchmark shapes: 37.8M target, 1.05M draft
     python scripts/bench.py --preset tiny        # seconds, for a smoke test
     python scripts/bench.py --target models/x --draft models/y   # any HF model directories
 
-Writes <out>/bench.json and <out>/bench.md.
+Writes <out>/bench.json and <out>/bench.md (default out: scripts/experiments/bench; run from
+the repository root). docs/performance.md reads the figures.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs/bench"))
+    out = pathlib.Path("scripts/experiments/bench")
+    parser.add_argument("--out", type=pathlib.Path, default=out)
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None):
         parser.error("--target and --draft go together")

@@ -1,12 +1,13 @@
 """Measures the shipped pair and writes its model cards, prompt set and figures.
 
-    python scripts/model_cards.py        # after scripts/build_models.sh
-    python scripts/model_cards.py --docs-only   # docs/shipped_pair.md from its JSON
+    python scripts/model_cards.py               # after scripts/build_models.sh
+    python scripts/model_cards.py --from-json   # shipped_pair.md again from its JSON
 
 Writes models/prompts.txt (benchmark prompts from the validation files, one per line,
 newlines escaped as \\n), models/stdlib-{target,draft}/README.md and
-docs/shipped_pair.{json,md}: validation losses, α before/after distillation, and the
-greedy speedup over autoregressive decoding at batch 1 with its cost-model breakdown.
+scripts/experiments/shipped_pair/shipped_pair.{json,md}: validation losses, α
+before/after distillation, and the greedy speedup over autoregressive decoding at
+batch 1 with its cost-model breakdown (docs/drafters.md quotes them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from jax_specdec.training.lm_recipe import benchmark_prompts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
+FIGURES = ROOT / "scripts" / "experiments" / "shipped_pair"
 GAMMAS = (1, 2, 3, 4, 6)
 NUM_PROMPTS = 8
 MAX_NEW = 128
@@ -62,7 +64,7 @@ def _layers(n: int) -> str:
 
 
 def _write_pair_doc(figures: dict, d_info: dict) -> tuple[str, str]:
-    """docs/shipped_pair.md from the measured figures; returns its two tables."""
+    """shipped_pair.md from the measured figures; returns its two tables."""
     speed_md = markdown_table(
         ["γ", "speedup", "predicted", "α", "tokens/round", "verify ms", "round parts ms"],
         [
@@ -77,22 +79,22 @@ def _write_pair_doc(figures: dict, d_info: dict) -> tuple[str, str]:
         a = {x["temperature"]: x["alpha"] for x in d_info[key]}
         alphas.append([label, f"{a[0.0]:.3f}", f"{a[1.0]:.3f}"])
     alpha_md = markdown_table(["draft", "α greedy", "α temperature 1"], alphas)
-    (ROOT / "docs" / "shipped_pair.md").write_text(
+    (FIGURES / "shipped_pair.md").write_text(
         f"# The shipped pair, measured\n\nGreedy, batch 1, {figures['prompts']} prompts from "
         f"`models/prompts.txt`, {figures['max_new_tokens']} new tokens each; target decode "
         f"step {figures['target_step_ms']:.2f} ms, draft step {figures['draft_step_ms']:.3f} ms "
         f"({figures['draft_cost_ratio']:.1f}x cheaper). Autoregressive and speculative "
         f"programs are timed interleaved, medians of 5 runs.\n\n{speed_md}\n\n{alpha_md}\n\n"
-        "Reproduce: `python scripts/model_cards.py` (`--docs-only` rewrites this page from "
-        "`docs/shipped_pair.json` without measuring).\n"
+        "Reproduce: `python scripts/model_cards.py` (`--from-json` rewrites this page from "
+        "`shipped_pair.json` without measuring).\n"
     )
     return speed_md, alpha_md
 
 
 def main() -> int:
     target_dir, draft_dir = MODELS / "stdlib-target", MODELS / "stdlib-draft"
-    if "--docs-only" in sys.argv[1:]:
-        figures = json.loads((ROOT / "docs" / "shipped_pair.json").read_text())
+    if "--from-json" in sys.argv[1:]:
+        figures = json.loads((FIGURES / "shipped_pair.json").read_text())
         _write_pair_doc(figures, json.loads((draft_dir / "training.json").read_text()))
         return 0
     target, draft = load_model(target_dir), load_model(draft_dir)
@@ -147,8 +149,8 @@ def main() -> int:
         "prompts": NUM_PROMPTS,
         "max_new_tokens": MAX_NEW,
     }
-    (ROOT / "docs").mkdir(exist_ok=True)
-    (ROOT / "docs" / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
     speed_md, alpha_md = _write_pair_doc(figures, d_info)
     corpus_line = (
         f"the .py files of the Python {t_info['corpus']['python_version']} standard library "

@@ -9,20 +9,18 @@ its slowest row is done), autoregressive and speculative, on two workloads:
 
 Each program is compiled (and run once) before timing; the four ways of one workload
 are then timed interleaved (`bench.time_interleaved`), medians of `--repeats` runs.
-Writes docs/slots_bench.json and prints a markdown table.
+Writes scripts/experiments/slots_bench/slots_bench.json (or --out) and prints a markdown
+table. Run from the repository root.
 """
 
-import argparse
 import json
-import pathlib
 
 import jax
 import numpy as np
+import pair_setup
 
 from jax_specdec import Generator
 from jax_specdec.bench import time_interleaved
-from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
-from jax_specdec.io.hf import load_model, load_tokenizer
 from jax_specdec.report import markdown_table
 
 
@@ -55,16 +53,13 @@ def summary(outputs) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = pair_setup.parser(__doc__, "slots_bench")
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="docs/slots_bench.json")
     args = parser.parse_args()
-    target, draft = load_model(DEFAULT_TARGET), load_model(DEFAULT_DRAFT)
-    tokenizer = load_tokenizer(DEFAULT_TARGET)
-    texts = read_prompts(DEFAULT_PROMPTS)
+    target, draft, tokenizer, texts = pair_setup.load_pair()
     prompts = [tokenizer.encode(texts[i % len(texts)]).ids for i in range(args.prompts)]
     keys = jax.random.split(jax.random.key(0), args.prompts)
     generators = {
@@ -83,8 +78,7 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), flush=True)
     meta = {"prompts": args.prompts, "slots": args.slots, "gamma": args.gamma}
-    path = pathlib.Path(args.out)
-    path.write_text(json.dumps({"settings": meta, "results": results}, indent=1) + "\n")
+    pair_setup.write_json(args.out, {"settings": meta, "results": results})
     print(markdown_table(*table(results)))
 
 

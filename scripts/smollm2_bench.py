@@ -2,7 +2,7 @@
 and n-gram speculative decoding against transformers' greedy `generate` and its prompt
 lookup, all timed interleaved in one process, compilation apart.
 
-    python scripts/smollm2_bench.py --prompts 2        # the batch-1 table of docs/models.md
+    python scripts/smollm2_bench.py --prompts 2        # batch 1, the first 2 prompts
     python scripts/smollm2_bench.py --batch 8          # one batch of 8 rows (4 prompts x 2)
     python scripts/smollm2_bench.py --temperature 1    # sampling at T = 1 (no top-k/top-p)
     python scripts/smollm2_bench.py --head models/smollm2-135m-eagle  # the feature head too
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
 
     zoo.enable_compilation_cache()
     # torch's OpenMP threads spin at barriers by default; on a shared machine that made
-    # transformers 5-10x slower (docs/models.md). Set before torch is imported.
+    # transformers 5-10x slower (docs/performance.md). Set before torch is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers

@@ -1,4 +1,4 @@
-"""The step-cost table of docs/step_cost.md: decode calls of 1..8 tokens per row on a
+"""The step-cost table of docs/performance.md: decode calls of 1..8 tokens per row on a
 SmolLM2-135M-shaped model (or the benchmark target), against the weight-pass floor and
 the bare weight matmuls, before and after the attention changes, all in one process.
 
@@ -31,7 +31,8 @@ from flax import nnx
 
 import jax_specdec.bench.timing as timing_module
 from jax_specdec.bench import Timing, bare_matmul_time, decode_step_time, time_interleaved
-from jax_specdec.nn import Transformer, TransformerConfig, attention, small_matmul
+from jax_specdec.kernels import cpu_matmul
+from jax_specdec.nn import Transformer, TransformerConfig, attention
 
 
 def smollm_config(dtype: str = "float32", **overrides) -> TransformerConfig:
@@ -118,16 +119,16 @@ def captured(timer, *args, **kwargs):
 def formulation(name: str):
     """ "after": the code as it is; "eight-rows": the kernel for products of at most 8 rows
     only (XLA's above, as before the kernel's many-row paths); "xla-matmul": XLA's own
-    products instead of the small-matmul kernel (jax_specdec/kernels/cpu_matmul.py);
-    "before": also full-cache attention and P.V in the old order (the code before
-    issue 16)."""
+    products instead of the CPU kernel (jax_specdec/kernels/cpu_matmul.py); "before": also
+    full-cache attention and P.V in the old order (the code before the live-prefix
+    attention)."""
     if name not in ("after", "eight-rows", "xla-matmul", "before"):
         raise ValueError(f"unknown variant {name!r}")
     env = {} if name in ("after", "eight-rows") else {"JAX_SPECDEC_SMALL_MATMUL": "0"}
     with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
         if name == "eight-rows":
-            stack.enter_context(mock.patch.object(small_matmul, "MAX_ROWS", 8))
-            stack.enter_context(mock.patch.object(small_matmul, "MAX_ROWS_T", 8))
+            stack.enter_context(mock.patch.object(cpu_matmul, "MAX_ROWS", 8))
+            stack.enter_context(mock.patch.object(cpu_matmul, "MAX_ROWS_T", 8))
         if name == "before":
             stack.enter_context(mock.patch.object(attention, "LIVE_BLOCK", 1 << 30))
             old_pv = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)

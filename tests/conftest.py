@@ -19,6 +19,7 @@ from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 # nothing there (test_zoo checks the switch itself).
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
 
+
 # Every program XLA:CPU compiles keeps a few hundred memory maps until it is dropped, and a
 # process may hold vm.max_map_count of them: past that, the next compile segfaults. Each
 # test file starts from no compiled programs (so the programs it compiles are its own and

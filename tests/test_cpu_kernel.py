@@ -1,4 +1,4 @@
-"""The small-matmul custom call (jax_specdec/nn/cpu_matmul.cc): the products it
+"""The CPU kernel's custom call (jax_specdec/kernels/cpu_matmul.cc): the products it
 computes, the rows it takes, its gradient, and that the model's decode uses it."""
 
 import os

@@ -370,9 +370,10 @@ def test_cost_model_acceptance_per_position():
 
 def test_cost_model_explore_keeps_drafting_through_an_unlucky_start():
     # Round costs (ms, γ = 0 … 4) and acceptance the SmolLM2 head's batch-4 sweep
-    # calibrated (docs/schedules.md). Drafting pays at α ≈ 0.5, but one row's first
-    # position missed four times in a row switches a plain posterior mean off for good
-    # (γ = 0 rounds teach it nothing); an upper confidence bound keeps drafting.
+    # calibrated (scripts/experiments/sweep_smollm2_head/head2m_t0/sweep.json). Drafting
+    # pays at α ≈ 0.5, but one row's first position missed four times in a row
+    # switches a plain posterior mean off for good (γ = 0 rounds teach it nothing);
+    # an upper confidence bound keeps drafting.
     costs, prior = (26.2, 31.7, 44.9, 50.6, 54.1), (0.52, 0.51, 0.48, 0.56)
     unlucky = stats_of(rejected_at=np.array([[4, 0, 0, 0]] + [[0] * 4] * 3, np.int32))
     assert set(CostModel(0.0, costs, prior)(unlucky).tolist()) == {0}

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
         help="also time the cost model planning this many posterior sds above its α (0: not)",
     )
     sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--out", default="docs/sweep", help="output directory")
+    sw.add_argument("--out", default="sweep", help="output directory (default: ./sweep)")
     sw.set_defaults(handler=run, parser=sw)
 
 

@@ -7,7 +7,7 @@
 // each weight once, front to back, for all rows, so a 5-row product costs little more
 // than a 1-row one. More rows (up to kMaxRows: a verify at batch 2 and up) are bound by
 // arithmetic and take register tiles instead (Tiles, TransposedTiles). See
-// jax_specdec/kernels/cpu_matmul.py and docs/step_cost.md.
+// jax_specdec/kernels/cpu_matmul.py and docs/performance.md.
 //
 //   SmallMatmul:  y[M, N] = x[M, K] @ w[K, N]      (w row-major: the Dense layout)
 //   SmallMatmulT: y[M, V] = x[M, D] @ e[V, D]^T    (a tied embedding as LM head)

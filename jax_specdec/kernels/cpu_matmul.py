@@ -5,7 +5,7 @@ A decode step multiplies one row per sequence by every weight matrix and a verif
 γ + 1 rows; both are bound by reading the weights from memory once. XLA:CPU computes
 the one-row product as a matrix-vector product that streams the weights, but hands 2 or
 more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
-1.5-2x a one-row step (docs/step_cost.md). `cpu_matmul.cc` reads each weight once for
+1.5-2x a one-row step (docs/performance.md). `cpu_matmul.cc` reads each weight once for
 up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
 matrices with 16 rows or more, the rows) over XLA's own thread pool.
 
@@ -49,7 +49,7 @@ __all__ = ["MAX_ROWS", "MAX_ROWS_T", "available", "matmul", "matmul_t", "uses_ke
 #: to 8 rows it streams the weights once for all rows (memory-bound); more rows (a
 #: verify at batch 2 and up) take register tiles over packed strips of the weights
 #: (arithmetic-bound): in the SmolLM2 verify at batch 8 (40 rows) 0.82x XLA's products
-#: (docs/step_cost.md, run 8).
+#: (scripts/experiments/step_cost, run 8).
 MAX_ROWS = 64
 #: the same for `matmul_t` (the LM head): above 8 rows the product is computed turned
 #: around (eᵀ's rows as the tiles' rows), summed in another order than up to 8 rows.

@@ -89,7 +89,7 @@ inline Vec LoadW(const Half* p) {  // vcvtph2ps: GCC scalarises a _Float16 vecto
 // Scalar tails call fma explicitly, as the vector lanes do (x * w + acc contracted by
 // -O3 -ffp-contract=fast on a CPU with FMA): left to the compiler, a tail loop may
 // become vector multiplies and scalar adds. Other flags or a CPU without FMA would
-// break the bit-identity of rows (tests/test_small_matmul.py checks it).
+// break the bit-identity of rows (tests/test_cpu_kernel.py checks it).
 
 // s + x[k0] w[k0 N] + ... + x[k1-1] w[(k1-1) N], one fma at a time: the order in which a
 // vector lane sums its element, for the columns outside whole vectors.

@@ -9,7 +9,7 @@ maths in each branch is the plain masked softmax of `attention`, so the logits e
 full-cache attention's within float32 rounding (the masked positions added exactly
 zero there). A loop over key/value blocks with an
 online softmax, measured against it on this project's CPU, was no faster
-(docs/step_cost.md).
+(scripts/experiments/step_cost).
 
 The attention kernel is chosen by backend (`kernel`): on GPU `jax.nn.dot_product_attention`,
 elsewhere the einsum formulation below; every kernel takes the same parts (keys,
@@ -123,7 +123,7 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
 
     The product is taken in [B, K, G, T, hd] order and transposed after: asked for
     [B, T, K, G, hd] directly, XLA:CPU computed v^T p^T with a slow batched dot
-    (4.4x slower attention at batch 8, context 512; docs/step_cost.md)."""
+    (4.4x slower attention at batch 8, context 512; scripts/experiments/step_cost)."""
     out = jnp.einsum("bkgts,bksd->bkgtd", p, v).astype(_F32)
     return out.transpose(0, 3, 1, 2, 4)
 

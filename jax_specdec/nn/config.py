@@ -187,7 +187,8 @@ class TransformerConfig:
 
     @classmethod
     def bench_target(cls, **overrides: Any) -> TransformerConfig:
-        """The benchmark target (docs/bench.md): d=512, 8 layers, 8 heads, MLP 2048, vocab 4096."""
+        """The benchmark target (docs/performance.md): d=512, 8 layers, 8 heads, MLP 2048,
+        vocab 4096."""
         return cls.llama(**{**_LLAMA_PRESETS["bench_target"], **overrides})
 
     @classmethod

@@ -52,7 +52,8 @@ class CostModel:
     not pay. α is only learned from rounds that draft: once γ = 0 is chosen it stays
     chosen unless the rows' remaining work changes the answer. So a few unlucky
     rejections early in a run can switch drafting off for good where it pays on
-    average (with the batch-4 round costs of docs/schedules.md and α ≈ 0.5, four
+    average (with the batch-4 round costs of the SmolLM2 head's sweep,
+    scripts/experiments/sweep_smollm2_head, and α ≈ 0.5, four
     misses in a row at one row's first position do it). `explore` > 0 plans with each
     α that many posterior standard deviations higher (an upper confidence bound,
     capped at 0.99, never below the mean): a row keeps drafting until the evidence

@@ -1,4 +1,4 @@
-"""The resumable training loop that `train` (models) and `feature_train` (feature heads)
+"""The resumable training loop that `training.lm` (models) and `training.head_train` (feature heads)
 share: steps, a tqdm bar with the loss and tokens/s, evaluation, and orbax checkpoints of
 the model and its optimizer.
 

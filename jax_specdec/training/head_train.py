@@ -1,4 +1,4 @@
-"""Training a feature head on a frozen target's features (`feature_data`).
+"""Training a feature head on a frozen target's features (`training.head_data`).
 
 Entry i of a window feeds (f_{i-1}, x_i) and is trained to give the target's next-token
 distribution at i, restricted to the kept tokens (cross-entropy against the softmax of

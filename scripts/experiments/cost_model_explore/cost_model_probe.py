@@ -3,8 +3,8 @@ with its feature head, all timed interleaved (medians of `--repeats`), with the 
 costs and acceptance a sweep calibrated (its sweep.json), so every variant plans from
 the same inputs. A variant `eXwY` is `CostModel(..., explore=X, prior_weight=Y)`.
 
-  python docs/sweep_smollm2_head/cost_model_probe.py \
-      --sweep docs/sweep_smollm2_head/head2m_t0/sweep.json --batch 4 \
+  python scripts/experiments/cost_model_explore/cost_model_probe.py \
+      --sweep scripts/experiments/sweep_smollm2_head/head2m_t0/sweep.json --batch 4 \
       --variants e0w4,e1w4,e0w16,e1w16
 """
 
@@ -31,7 +31,8 @@ p.add_argument("--head", default="models/smollm2-135m-eagle")
 a = p.parse_args()
 zoo.enable_compilation_cache(True)
 target, draft, tok = load_pair("smollm2-135m", a.head)[:3]
-prompts = [tok.encode(x).ids for x in read_prompts("docs/sweep_smollm2_head/prompts.txt")]
+PROMPTS = "scripts/experiments/sweep_smollm2_head/prompts.txt"
+prompts = [tok.encode(x).ids for x in read_prompts(PROMPTS)]
 calibrated = next(c for c in json.load(open(a.sweep))["costs"] if c["batch"] == a.batch)
 t = f"{a.temperature:g}"
 costs = tuple(ms / 1e3 for ms in calibrated[f"round_ms_t{t}"])

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The feature head's baseline: a standalone draft for SmolLM2-135M built with the project's own
-# pipeline in the CPU time the shipped feature head took (about 93 minutes on 2 cores:
+# pipeline in the CPU time the first feature head (1M tokens) took (about 93 minutes on 2 cores:
 # 2,134 s of feature extraction + 3,453 s of training). The draft is the `draft` preset
 # (2 layers, d 128) on SmolLM2's tokenizer: trained on the standard-library corpus with
 # cross-entropy, then distilled towards SmolLM2 (DistillSpec, TVD). Every step resumes
-# from its checkpoints if interrupted; rerun the script to continue. Measured in
-# docs/feature_drafter.md ("Against a standalone draft"): `scripts/head_bench.py --draft`.
+# from its checkpoints if interrupted; rerun the script to continue. Measured with
+# `scripts/head_bench.py --draft` (scripts/experiments/README.md, draft_baseline).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 work=${WORK:-$HOME/.cache/jax_specdec/baseline}
 TRAIN_STEPS=${TRAIN_STEPS:-800}      # 2,924 s here: 16 x 256 tokens a step
 DISTILL_STEPS=${DISTILL_STEPS:-380}  # 3,551 s here: 8 x 256 tokens a step

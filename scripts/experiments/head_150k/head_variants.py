@@ -1,8 +1,9 @@
 """Short training runs of feature-head variants on features already extracted by
-`jax-specdec train-drafter` (or `feature_recipe.prepare_data`): held-out agreement with
-the target's greedy token per draft step, and training time. One JSON line per run.
+`jax-specdec train-drafter` (or `jax_specdec.training.head_recipe.prepare_data`):
+held-out agreement with the target's greedy token per draft step, and training time.
+One JSON line per run.
 
-  python scripts/head_variants.py --target smollm2-135m --work-dir DIR \
+  python scripts/experiments/head_150k/head_variants.py --target smollm2-135m --work-dir DIR \
       --data text-t128-n150000 --steps 300 --name ce --feature-weight 0
 """
 

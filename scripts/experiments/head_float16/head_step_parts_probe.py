@@ -3,7 +3,7 @@ alone, + its logits, + the scatter into the vocabulary, + the sampling transform
 as the softmax over the kept tokens scattered), from cache (hot) and after reading 200 MB
 (cold), medians of 20. From the repository root:
 
-  python docs/feature_drafter/head_step_parts_probe.py
+  python scripts/experiments/head_float16/head_step_parts_probe.py
 """
 
 import time

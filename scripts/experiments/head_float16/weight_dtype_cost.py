@@ -2,7 +2,7 @@
 matrices, float32 weights against float16 (widened in the kernel), each timed hot (the
 same weights every call: from cache) and cold (8 copies in turn: from memory), medians.
 
-  python scripts/weight_dtype_cost.py [--rows 1] [--repeats 40]
+  python scripts/experiments/head_float16/weight_dtype_cost.py [--rows 1] [--repeats 40]
 """
 
 import argparse

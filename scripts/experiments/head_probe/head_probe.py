@@ -16,9 +16,9 @@ windows, the target's top features (after the final norm), its greedy tokens and
 hidden states after `--layers` (resumable, in parts). Stage 2 trains each variant.
 Writes JSON lines to --out.
 
-  python scripts/head_probe.py --work-dir ~/.cache/jax_specdec/fused \
+  python scripts/experiments/head_probe/head_probe.py --work-dir ~/.cache/jax_specdec/fused \
       --source ~/.cache/jax_specdec/head18/text-spread-t128-n2000000 --windows 2400 \
-      --steps 1000 --variants top fused --out docs/feature_drafter/fused_probe.jsonl
+      --steps 1000 --variants top fused --out fused_probe.jsonl
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -40,6 +39,7 @@ from jax_specdec.io import zoo
 from jax_specdec.io.hf import load_model
 from jax_specdec.nn.attention import heads_first
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features
+from jax_specdec.training import head_train
 from jax_specdec.training.head_data import FeatureSet, kept_vocabulary
 from jax_specdec.training.head_train import (
     HeadTrainConfig,
@@ -110,27 +110,41 @@ class Fused(nnx.Module):
         return both @ self.fuse[...]
 
 
+class _AsHead:
+    """A `Fused` model as the library's head loss sees a head: `vocab_map`, and
+    `unrolled(prev, ...)` whose first pass reads `first_input` of the previous position's
+    top feature (`prev`) and hidden states. Shifting by one position commutes with
+    `first_input` (it acts on each position alone and maps zeros to zeros), so this is
+    the head fed previous_features(first_input(top, mid))."""
+
+    def __init__(self, model: Fused, mid):
+        self.model, self.mid = model, mid.astype(_F32)
+
+    @property
+    def vocab_map(self):
+        return self.model.head.vocab_map
+
+    def unrolled(self, prev, tokens, embed, steps):
+        prev_mid = jnp.pad(self.mid[:, :-1], ((0, 0), (1, 0), (0, 0), (0, 0)))
+        first = self.model.first_input(prev, prev_mid)
+        return self.model.head.unrolled(first, tokens, embed, steps)
+
+
 def _passes(model, tokens, top, mid, embed, steps):
-    prev = previous_features(model.first_input(top, mid))
-    return model.head.unrolled(prev, tokens, embed, steps)
-
-
-def _loss(model, batch, embed, out_rows, scale, config):
-    tokens, top, greedy, mid = batch
-    top, mid = top.astype(_F32), mid.astype(_F32)
-    kept_rows = jax.lax.stop_gradient(out_rows[model.head.vocab_map[...]])
-    soft = jax.nn.softmax(jnp.einsum("btd,kd->btk", top, kept_rows), axis=-1)
-    loss = 0.0
-    for s, (logits, predicted) in enumerate(_passes(model, tokens, top, mid, embed, config.unroll)):
-        ce = optax.softmax_cross_entropy(logits[:, s:], soft[:, s:]).mean()
-        reg = optax.huber_loss(predicted[:, s:] / scale, top[:, s:] / scale).mean()
-        loss = loss + config.ce_weight * ce + config.feature_weight * reg
-    return loss
+    return _AsHead(model, mid).unrolled(previous_features(top), tokens, embed, steps)
 
 
 @nnx.jit(static_argnames="config")
 def _train_step(model, optimizer, batch, embed, out_rows, scale, config):
-    loss_fn = lambda m: _loss(m, batch, embed, out_rows, scale, config)  # noqa: E731
+    """One AdamW step on the library's head loss (`head_train._loss`: cross-entropy to the
+    target's kept-token distribution plus the weighted feature regression, on every
+    unrolled draft step)."""
+    tokens, top, greedy, mid = batch
+
+    def loss_fn(m):
+        as_head, batch3 = _AsHead(m, mid), (tokens, top, greedy)
+        return head_train._loss(as_head, batch3, embed, out_rows, scale, config)
+
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     optimizer.update(model, grads)
     return loss

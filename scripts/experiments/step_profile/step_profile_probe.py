@@ -1,7 +1,7 @@
 """Profile decode loops on the SmolLM2 shapes; XLA:CPU thunk time per call, grouped by
 op kind (custom calls by output shape). Cases are batch:tokens:cache:context.
 
-    python docs/step_cost/step_profile_probe.py 1:1:80:64,1:5:80:64
+    python scripts/experiments/step_profile/step_profile_probe.py 1:1:80:64,1:5:80:64
 
 Op times are summed over threads, so they may add up to more than the call's wall time.
 """
@@ -16,7 +16,7 @@ import re
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import jax
 from flax import nnx
 from step_cost import smollm_config
@@ -62,8 +62,10 @@ for b, t, cl, ctx in cases:
         cnt[k] += 1
     n = reps * steps
     walls.sort()
+    ffi = sum(v for k, v in tot.items() if k.startswith("ffi"))
     print(
-        f"== batch {b} tokens {t} cache {cl}: wall per call median {walls[2] * 1e3:.2f} ms; ops sum {sum(tot.values()) / n / 1000:.2f} ms; ffi {sum(v for k, v in tot.items() if k.startswith('ffi')) / n / 1000:.2f}"
+        f"== batch {b} tokens {t} cache {cl}: wall per call median {walls[2] * 1e3:.2f} ms; "
+        f"ops sum {sum(tot.values()) / n / 1000:.2f} ms; ffi {ffi / n / 1000:.2f}"
     )
     for k, us in tot.most_common(22):
         print(f"{us / n / 1000:8.3f} ms  x{cnt[k] / n:6.1f}  {k[:100]}")

@@ -1,7 +1,7 @@
 // This CPU's peak float32 FMA rate per core: 12 independent chains of 512-bit FMAs per
 // thread, one thread per core (OpenMP). Used in step_cost.md for the arithmetic bound of
 // a batch-8 verify. Build and run:
-//   gcc -O2 -march=native -fopenmp docs/step_cost/peak_fma.c -o /tmp/peak_fma && /tmp/peak_fma
+//   gcc -O2 -march=native -fopenmp scripts/experiments/verify_arithmetic_floor/peak_fma.c -o /tmp/peak_fma && /tmp/peak_fma
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>

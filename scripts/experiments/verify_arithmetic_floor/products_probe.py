@@ -3,7 +3,8 @@ of a SmolLM2-135M layer and for its LM head. The layer shapes take 8 different w
 per call (at most 28 MB together: they sit in the 32 MB L3, so those rows measure
 arithmetic, not the stream from memory); the LM head is one 113 MB matrix.
 
-`python docs/step_cost/products_probe.py`; output of 2026-12-03 in products_run10.txt.
+`python scripts/experiments/verify_arithmetic_floor/products_probe.py`; output of 2026-12-03
+in products_run10.txt.
 """
 
 import time
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_specdec.nn import small_matmul
+from jax_specdec.kernels import cpu_matmul
 
 LAYER_SHAPES = ((576, 1536), (1536, 576), (576, 576), (576, 192))
 
@@ -43,9 +44,9 @@ def main():
     def normal(*shape):
         return jnp.asarray(rng.standard_normal(shape), jnp.float32)
 
-    ours = jax.jit(lambda x, *ws: sum(small_matmul.matmul(x, w) for w in ws))
+    ours = jax.jit(lambda x, *ws: sum(cpu_matmul.matmul(x, w) for w in ws))
     xla = jax.jit(lambda x, *ws: sum(x @ w for w in ws))
-    ours_t = jax.jit(small_matmul.matmul_t)
+    ours_t = jax.jit(cpu_matmul.matmul_t)
     xla_t = jax.jit(lambda x, e: x @ e.T)
     for m in (8, 16, 40):
         for k, n in LAYER_SHAPES:

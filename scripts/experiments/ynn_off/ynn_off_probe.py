@@ -2,9 +2,9 @@
 (`xla_cpu_experimental_ynn_fusion_type=""`), timed interleaved in one process: γ 2, γ 4
 and autoregressive decoding, 32-token random prompts, 64 new tokens.
 
-    python docs/step_cost/ynn_off_probe.py BATCH [bench|smollm] [TEMPERATURE]
+    python scripts/experiments/ynn_off/ynn_off_probe.py BATCH [bench|smollm] [TEMPERATURE]
 
-"bench": the benchmark pair of docs/bench.md; "smollm": SmolLM2-135M and the shipped head.
+"bench": the benchmark pair of docs/performance.md; "smollm": SmolLM2-135M and the shipped head.
 """
 
 import sys
