@@ -31,7 +31,6 @@ from flax import nnx
 
 import jax_specdec.bench.timing as timing_module
 from jax_specdec.bench import Timing, bare_matmul_time, decode_step_time, time_interleaved
-from jax_specdec.kernels import cpu_matmul
 from jax_specdec.nn import Transformer, TransformerConfig, attention
 
 
@@ -117,18 +116,13 @@ def captured(timer, *args, **kwargs):
 
 @contextlib.contextmanager
 def formulation(name: str):
-    """ "after": the code as it is; "eight-rows": the kernel for products of at most 8 rows
-    only (XLA's above, as before the kernel's many-row paths); "xla-matmul": XLA's own
-    products instead of the CPU kernel (jax_specdec/kernels/cpu_matmul.py); "before": also
-    full-cache attention and P.V in the old order (the code before the live-prefix
-    attention)."""
-    if name not in ("after", "eight-rows", "xla-matmul", "before"):
+    """ "after": the code as it is; "xla-matmul": XLA's own products instead of the CPU
+    kernel (jax_specdec/kernels/cpu_matmul.py); "before": also full-cache attention and
+    P.V in the old order (the code before the live-prefix attention)."""
+    if name not in ("after", "xla-matmul", "before"):
         raise ValueError(f"unknown variant {name!r}")
-    env = {} if name in ("after", "eight-rows") else {"JAX_SPECDEC_SMALL_MATMUL": "0"}
+    env = {} if name == "after" else {"JAX_SPECDEC_SMALL_MATMUL": "0"}
     with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
-        if name == "eight-rows":
-            stack.enter_context(mock.patch.object(cpu_matmul, "MAX_ROWS", 8))
-            stack.enter_context(mock.patch.object(cpu_matmul, "MAX_ROWS_T", 8))
         if name == "before":
             stack.enter_context(mock.patch.object(attention, "LIVE_BLOCK", 1 << 30))
             old_pv = lambda p, v: jnp.einsum("bkgts,bksd->btkgd", p, v).astype(jnp.float32)

@@ -51,15 +51,14 @@ int Differences(int64_t M, int64_t K, int64_t N, std::mt19937& rng) {
   std::vector<W> w(K * N);
   for (auto& v : x) v = normal(rng);
   for (int64_t i = 0; i < K * N; ++i) wide[i] = Widen(w[i] = Narrow<W>(normal(rng)));
-  const bool tiles = M > kGroup;
-  (tiles ? Tiles<W> : Columns<W>)(x.data(), w.data(), a.data(), M, K, N, 0, N);
-  (tiles ? Tiles<float> : Columns<float>)(x.data(), wide.data(), b.data(), M, K, N, 0, N);
+  Columns<W>(x.data(), w.data(), a.data(), M, K, N, 0, N);
+  Columns<float>(x.data(), wide.data(), b.data(), M, K, N, 0, N);
   // The same weights read as e [V = N rows, D = K]: x [M, D] @ e^T (the tied LM head).
   const int64_t D = K, V = N;
   std::vector<float> xe(M * D);
   for (auto& v : xe) v = normal(rng);
-  (tiles ? TransposedTiles<W> : Rows<W>)(xe.data(), w.data(), c.data(), M, D, V, 0, V);
-  (tiles ? TransposedTiles<float> : Rows<float>)(xe.data(), wide.data(), d.data(), M, D, V, 0, V);
+  Rows<W>(xe.data(), w.data(), c.data(), M, D, V, 0, V);
+  Rows<float>(xe.data(), wide.data(), d.data(), M, D, V, 0, V);
   int differ = 0;
   for (int64_t i = 0; i < M * N; ++i) differ += (a[i] != b[i]) + (c[i] != d[i]);
   return differ;
@@ -76,7 +75,7 @@ int main(int argc, char** argv) {
   std::fclose(out);
   std::mt19937 rng(0);
   int differ = 0;
-  for (int64_t M : {1, 3, 8, 9, 40})
+  for (int64_t M : {1, 3, 5, 8})
     for (auto [K, N] : {std::pair<int64_t, int64_t>{7, 5}, {130, 257}, {64, 100}})
       differ += Differences<Half>(M, K, N, rng) + Differences<BFloat>(M, K, N, rng);
   std::printf("%d\n", differ);

@@ -5,9 +5,9 @@
 // the weights once from memory, but XLA:CPU sends 2-8 rows to a GEMM that packs the
 // weight panel on every call and costs 1.5-2x the one-row product. These kernels read
 // each weight once, front to back, for all rows, so a 5-row product costs little more
-// than a 1-row one. More rows (up to kMaxRows: a verify at batch 2 and up) are bound by
-// arithmetic and take register tiles instead (Tiles, TransposedTiles). See
-// jax_specdec/kernels/cpu_matmul.py and docs/performance.md.
+// than a 1-row one. More rows are left to XLA (register tiles for them measured at most
+// 8% cheaper than XLA's products in the model). See jax_specdec/kernels/cpu_matmul.py
+// and docs/performance.md.
 //
 //   SmallMatmul:  y[M, N] = x[M, K] @ w[K, N]      (w row-major: the Dense layout)
 //   SmallMatmulT: y[M, V] = x[M, D] @ e[V, D]^T    (a tied embedding as LM head)
@@ -16,9 +16,9 @@
 // to float32 as they are loaded (exactly), so a product reads half the bytes and gives,
 // bit for bit, the result of the same weights stored as float32.
 //
-// SmallMatmul sums every output element in the same order whatever M is (and however
-// the work is split over threads), so the rows of a verify call equal, bit for bit, the
-// same rows computed one at a time; SmallMatmulT does so up to kGroup rows.
+// Both sum every output element in the same order whatever M is (and however the work
+// is split over threads), so the rows of a verify call equal, bit for bit, the same rows
+// computed one at a time.
 
 #include <algorithm>
 #include <atomic>
@@ -73,12 +73,11 @@ using Work = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t,
                       int64_t);
 
 // y = x times a 2-D weight: `inner` is the size each row of x holds, `outer` the outputs
-// per row, split over the threads in pieces of a multiple of `align`; `many` (if given)
-// takes more than kGroup rows, whose rows are split too where the columns are too few
-// to go round. No split changes the order in which an element is summed.
+// per row, split over the threads in pieces of a multiple of `align`. No split changes
+// the order in which an element is summed.
 template <typename W>
 ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& w,
-                   ffi::ResultBuffer<ffi::F32>& y, bool transposed, Work<W> few, Work<W> many,
+                   ffi::ResultBuffer<ffi::F32>& y, bool transposed, Work<W> work,
                    int64_t align) {
   const auto dims = w.dimensions();
   if (dims.size() != 2) return ffi::Error::InvalidArgument("the weight must be 2-D");
@@ -88,28 +87,19 @@ ffi::Error Product(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuff
   if (x_dims.size() == 0 || x_dims.back() != inner)
     return ffi::Error::InvalidArgument("x's last dimension must be the weight's inner size");
   const int64_t M = inner == 0 ? 0 : x.element_count() / inner;
-  if (M < 1 || M > kMaxRows)
-    return ffi::Error::InvalidArgument("x must hold 1 to 64 rows");
-  if (y->element_count() != M * outer)
+  if (M < 1 || M > kGroup) return ffi::Error::InvalidArgument("x must hold 1 to 8 rows");
+  if (static_cast<int64_t>(y->element_count()) != M * outer)
     return ffi::Error::InvalidArgument("the result must hold rows x outputs");
   if (outer == 0) return ffi::Error::Success();
   const float* xp = x.typed_data();
   const W* wp = static_cast<const W*>(w.untyped_data());
   float* yp = y->typed_data();
-  const bool tiled = M > kGroup && many != nullptr;
   // One piece of columns per thread, at least 256 wide (pieces of single 64-column
-  // strips measured slower: a piece prefetches only its own next strip). Where the
-  // columns are too few to go round (k and v: 192), rows are split too (from
-  // 2 * kGroup rows).
+  // strips measured slower: a piece prefetches only its own next strip).
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const Split cols(outer, std::clamp<int64_t>(outer / 256, 1, threads), align);
-  const int col_parts = cols.count();
-  const Split rows(M, tiled ? std::clamp<int64_t>(threads / col_parts, 1, M / kGroup) : 1, 1);
-  const Work<W> work = tiled ? many : few;
-  Parallel(pool, rows.count() * col_parts, [=](int p) {
-    const int64_t r0 = rows.begin(p / col_parts), r1 = rows.end(p / col_parts);
-    work(xp + r0 * inner, wp, yp + r0 * outer, r1 - r0, inner, outer,
-         cols.begin(p % col_parts), cols.end(p % col_parts));
+  Parallel(pool, cols.count(), [=](int p) {
+    work(xp, wp, yp, M, inner, outer, cols.begin(p), cols.end(p));
   });
   return ffi::Error::Success();
 }
@@ -119,14 +109,14 @@ template <typename W>
 struct DenseOp {
   static ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& w,
                         ffi::ResultBuffer<ffi::F32>& y) {
-    return Product<W>(pool, x, w, y, /*transposed=*/false, Columns<W>, Tiles<W>, 4 * kLanes);
+    return Product<W>(pool, x, w, y, /*transposed=*/false, Columns<W>, 4 * kLanes);
   }
 };
 template <typename W>
 struct TiedOp {
   static ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::AnyBuffer& e,
                         ffi::ResultBuffer<ffi::F32>& y) {
-    return Product<W>(pool, x, e, y, /*transposed=*/true, Rows<W>, TransposedTiles<W>, 12);
+    return Product<W>(pool, x, e, y, /*transposed=*/true, Rows<W>, 12);
   }
 };
 

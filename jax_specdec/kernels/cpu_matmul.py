@@ -6,8 +6,7 @@ A decode step multiplies one row per sequence by every weight matrix and a verif
 the one-row product as a matrix-vector product that streams the weights, but hands 2 or
 more rows to a GEMM that packs the weight panel on every call, so a 5-row verify cost
 1.5-2x a one-row step (docs/performance.md). `cpu_matmul.cc` reads each weight once for
-up to 8 rows, takes register tiles for 9-64, and splits the columns (for narrow
-matrices with 16 rows or more, the rows) over XLA's own thread pool.
+up to 8 rows and splits the columns over XLA's own thread pool.
 
 `matmul(x, w)` (x @ w, w [K, N]) and `matmul_t(x, e)` (x @ eᵀ, e [V, D]: a tied
 embedding as the LM head) use the kernel when it applies: float32 x and float32 weights
@@ -17,7 +16,7 @@ the weights stored as float32; more rows than the limit then go in pieces), at m
 variable `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they return
 None and `jax_specdec.nn.products` takes jnp's products. `matmul` sums every output
 element in the same order whatever the number of rows, so a verify call's rows equal
-the same rows computed one at a time; `matmul_t` does so up to 8 rows.
+the same rows computed one at a time; so does `matmul_t`.
 
 The library is compiled on first use with the system's C++ compiler (`$CXX`, else
 `c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
@@ -45,15 +44,14 @@ import jax.numpy as jnp
 
 __all__ = ["MAX_ROWS", "MAX_ROWS_T", "available", "matmul", "matmul_t", "uses_kernel"]
 
-#: the most rows (product of x's leading dimensions) `matmul` sends to the kernel. Up
-#: to 8 rows it streams the weights once for all rows (memory-bound); more rows (a
-#: verify at batch 2 and up) take register tiles over packed strips of the weights
-#: (arithmetic-bound): in the SmolLM2 verify at batch 8 (40 rows) 0.82x XLA's products
-#: (scripts/experiments/step_cost, run 8).
-MAX_ROWS = 64
-#: the same for `matmul_t` (the LM head): above 8 rows the product is computed turned
-#: around (eᵀ's rows as the tiles' rows), summed in another order than up to 8 rows.
-MAX_ROWS_T = 64
+#: the most rows (product of x's leading dimensions) the kernel takes: it streams the
+#: weights once for all of them (a decode step, a verify call of up to 8 tokens at batch
+#: 1). More rows are left to XLA's products: register tiles for 9-64 rows measured at
+#: most 8% cheaper than XLA's in the SmolLM2 verify calls they would take
+#: (scripts/experiments/kernel_tiles), and were removed.
+MAX_ROWS = 8
+#: the same for `matmul_t` (the LM head).
+MAX_ROWS_T = 8
 _SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")  # includes cpu_matmul_*.h
 _WEIGHT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)  # `matmul`'s w in the kernel
 # -ffp-contract=fast (GCC's default, spelled out): the vector lanes fuse multiply-add,

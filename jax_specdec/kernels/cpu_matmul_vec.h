@@ -13,8 +13,7 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 64;  // rows of x a call takes
-constexpr int64_t kGroup = 8;     // the most rows of x the streaming paths take
+constexpr int64_t kGroup = 8;  // the most rows of x a call takes
 constexpr int kLanes = 16;  // one 64-byte vector of float32
 typedef float Vec __attribute__((vector_size(64), aligned(4)));
 
