@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 from helpers import make_draft, make_model
 
+from jax_specdec.bench import drop_programs_if_crowded
 from jax_specdec.io.hf import save_model
 from jax_specdec.nn import Transformer, TransformerConfig
 from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
@@ -25,30 +26,10 @@ os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
 # test file starts from no compiled programs (so the programs it compiles are its own and
 # their count does not depend on the files run before it in the process), and within a
 # file they are dropped once a test leaves the process above half of that limit.
-def _map_limit() -> int:
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 65530  # Linux's default
-
-
-MAP_BUDGET = _map_limit() // 2
-
-
-def _memory_maps():
-    try:
-        with open("/proc/self/maps") as maps:
-            return sum(1 for _ in maps)
-    except OSError:  # not Linux: no count, drop programs after every test
-        return MAP_BUDGET + 1
-
-
 @pytest.fixture(autouse=True)
 def _drop_compiled_programs():
     yield
-    if _memory_maps() > MAP_BUDGET:
-        jax.clear_caches()
+    drop_programs_if_crowded()
 
 
 # Programs compiled per test file, held to tests/compile_budget.json: a file that compiles
@@ -90,6 +71,29 @@ def pytest_sessionfinish(session):
         path = pathlib.Path(out)
         path.mkdir(parents=True, exist_ok=True)
         (path / f"{os.getpid()}.json").write_text(json.dumps(_counts, indent=1, sort_keys=True))
+
+
+# The heaviest files first (measured, longest first): each file runs whole on one of two
+# workers (--dist loadfile), and a heavy file started last would run on alone at the end.
+HEAVY_FIRST = (
+    "test_cli.py",
+    "test_slots.py",
+    "test_schedules.py",
+    "test_sharding.py",
+    "test_feature_drafter.py",
+    "test_decode.py",
+    "test_bench.py",
+    "test_batch.py",
+    "test_acceptance.py",
+    "test_feature_train.py",
+    "test_smollm2.py",
+    "test_device_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
 
 
 @pytest.fixture(scope="session")

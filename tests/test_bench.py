@@ -5,12 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import VOCAB, ragged_prompts
+from helpers import VOCAB, count_compiles, ragged_prompts
 
 from jax_specdec import Generator, SamplingConfig, speculative_generate
 from jax_specdec.bench import (
     calibrate_round_costs,
     decode_step_loop,
+    drop_programs_if_crowded,
     expected_batch_rounds,
     expected_tokens_per_round,
     markdown_report,
@@ -197,3 +198,16 @@ def test_markdown_table_pads_and_aligns():
     ]
     with pytest.raises(ValueError, match="row 0 has 1 cells"):
         markdown_table(["a", "b"], [["x"]])
+
+
+def test_programs_are_dropped_only_when_memory_maps_crowd():
+    twice, x = jax.jit(lambda x: x * 3 + 1), jnp.ones(3)
+    twice(x)
+    with count_compiles() as compiled:
+        assert not drop_programs_if_crowded(fraction=1e9)
+        twice(x)
+    assert compiled[0] == 0
+    with count_compiles() as compiled:
+        assert drop_programs_if_crowded(fraction=0.0)
+        twice(x)
+    assert compiled[0] == 1

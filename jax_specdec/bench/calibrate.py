@@ -78,7 +78,7 @@ def calibrate_round_costs(
     It only learns from rounds that draft, so a wrong prior that picks γ = 0 would
     never be corrected.
     """
-    from jax_specdec.bench.timing import measure
+    from jax_specdec.bench.timing import drop_programs_if_crowded, measure
     from jax_specdec.decode import Generator
 
     batches = [(prompts, prompt_lengths), *more_batches]
@@ -98,7 +98,7 @@ def calibrate_round_costs(
         for n in (1, max_new_tokens)
     ]
     measured = measure(runs, repeats)
-    jax.clear_caches()
+    drop_programs_if_crowded()
     costs, measured_alpha = _tally(measured, len(batches), max_gamma)
     prior_alpha = measured_alpha if prior_alpha is None else prior_alpha
     return CostModel(draft_cost=0.0, verify_costs=tuple(costs), prior_alpha=prior_alpha)

@@ -28,6 +28,7 @@ __all__ = [
     "bare_matmul_time",
     "decode_step_loop",
     "decode_step_time",
+    "drop_programs_if_crowded",
     "measure",
     "peak_rss_mib",
     "time_call",
@@ -206,6 +207,31 @@ def bare_matmul_time(
     timing = time_call(lambda: run(weights), repeats)
     del graphdef, state
     return Timing(timing.first, timing.median / steps, tuple(t / steps for t in timing.runs))
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+def drop_programs_if_crowded(fraction: float = 0.5) -> bool:
+    """Drops JAX's compiled programs (`jax.clear_caches`) once this process holds more
+    than `fraction` of the memory maps the system allows (`vm.max_map_count`): XLA:CPU
+    maps memory for every kernel of every program it keeps, and past the limit the next
+    compile fails. Programs stay compiled until then, so a later run of the same program
+    is not compiled again. Returns whether it dropped them. Without /proc (not Linux) it
+    always drops them."""
+    try:
+        with open("/proc/self/maps") as maps:
+            crowded = sum(1 for _ in maps) > fraction * _map_limit()
+    except OSError:
+        crowded = True
+    if crowded:
+        jax.clear_caches()
+    return crowded
 
 
 def peak_rss_mib() -> float:

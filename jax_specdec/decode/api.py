@@ -229,6 +229,9 @@ class Generator:
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
         )
+        limit = min(m.config.max_len for _, m in self._models)
+        if request.prompts.shape[1] + request.max_new_tokens > limit:  # padding too wide
+            request = request.trimmed()
         if num_slots is not None:
             num_slots = check_int("num_slots", num_slots, 1)
             if num_slots > request.batch:
@@ -239,7 +242,7 @@ class Generator:
             _check_fits(model, name, request)
         gamma_max = 0 if self.schedule is None else self.schedule.max_gamma
         cache_len = min(
-            request.longest + request.max_new_tokens + gamma_max,
+            request.prompts.shape[1] + request.max_new_tokens + gamma_max,
             *(m.config.max_len for _, m in self._models),
         )
         config = LoopConfig(

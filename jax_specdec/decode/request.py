@@ -22,7 +22,9 @@ class Request:
     """One generation's validated inputs, on the host.
 
     Attributes:
-      prompts: [B, P] int32, right-padded with zeros.
+      prompts: [B, P] int32, right-padded with zeros: P is the width of an array of
+        prompts as given (so arrays of one shape share one compiled program), the
+        longest prompt for a list.
       prompt_lengths: [B] int32, each >= 1.
       keys: [B] jax key array, one key per row.
       budgets: [B] int32, tokens to generate per row (fewer if the row emits EOS).
@@ -46,6 +48,10 @@ class Request:
     def longest(self) -> int:
         return int(self.prompt_lengths.max())
 
+    def trimmed(self) -> Request:
+        """The same request with the prompts' padding cut to the longest prompt."""
+        return dataclasses.replace(self, prompts=self.prompts[:, : self.longest])
+
 
 def check_int(name: str, value, low: int) -> int:
     """`value` as an int >= low, else a ValueError naming `name`."""
@@ -59,6 +65,8 @@ def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: in
     `max_new_tokens` is one int or one per prompt."""
     rows = _rows(prompts, prompt_lengths)
     budgets = _budgets(max_new_tokens, len(rows))
+    lengths = np.array([row.size for row in rows], np.int32)
+    width = prompts.shape[1] if isinstance(prompts, (jax.Array, np.ndarray)) else lengths.max()
     for b, row in enumerate(rows):
         if row.size == 0:
             raise ValueError(f"prompts[{b}] is empty: every prompt needs at least one token")
@@ -67,8 +75,7 @@ def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: in
                 f"prompts[{b}] has token ids outside [0, {vocab_size}): "
                 f"min {int(row.min())}, max {int(row.max())}"
             )
-    lengths = np.array([row.size for row in rows], np.int32)
-    padded = np.zeros((len(rows), int(lengths.max())), np.int32)
+    padded = np.zeros((len(rows), int(width)), np.int32)
     for b, row in enumerate(rows):
         padded[b, : row.size] = row
     return Request(padded, lengths, _row_keys(key, len(rows)), budgets)

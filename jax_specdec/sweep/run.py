@@ -24,6 +24,7 @@ import numpy as np
 from jax_specdec.bench import (
     calibrate_costs,
     calibrate_round_costs,
+    drop_programs_if_crowded,
     expected_tokens_per_round,
     measure,
 )
@@ -88,8 +89,8 @@ def _run_interleaved(generators, groups, key, max_new_tokens, repeats) -> list[_
     n = len(groups)
     out = [_Run(measured[i * n : (i + 1) * n]) for i in range(len(generators))]
     # Each program holds its compiled code; XLA:CPU maps memory for every kernel, and a
-    # grid of dozens of programs exhausts the process's maps.
-    jax.clear_caches()
+    # grid of dozens of programs would exhaust the process's maps.
+    drop_programs_if_crowded()
     return out
 
 
