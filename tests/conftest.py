@@ -98,7 +98,8 @@ def pytest_sessionfinish(session):
         (path / f"{os.getpid()}.json").write_text(json.dumps(_counts, indent=1, sort_keys=True))
 
 
-# The heaviest files first (measured, longest first): each file runs whole on one of two
+# The heaviest files first (measured, longest first; xdist keeps this order under
+# --no-loadscope-reorder, which pyproject sets): each file runs whole on one of two
 # workers (--dist loadfile), and a heavy file started last would run on alone at the end.
 HEAVY_FIRST = (
     "test_sharding.py",
