@@ -28,6 +28,7 @@ from jax_specdec.decode.request import (
     queue_rows,
 )
 from jax_specdec.decode.stats import GenerationOutput, take_rows
+from jax_specdec.decode.tree import Tree, accept_tree, as_tree
 from jax_specdec.nn import Transformer
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
@@ -111,8 +112,12 @@ class Generator:
       mesh: a `Mesh` with axes "data" and "model": rows over data, weights and the
         caches' heads over model; still one program (also under `jax.distributed`).
       acceptance: the acceptance rule, a static part of the program: a function with the
-        signature of `jax_specdec.acceptance.accept_with_noise`, the exact rule and the
-        default. Another rule is for showing that the exactness tests catch a wrong one.
+        signature of `jax_specdec.acceptance.accept_with_noise` (with `tree`: of
+        `decode.tree.accept_tree`); None: the exact rule. Another rule is for showing
+        that the exactness tests catch a wrong one.
+      tree: draft a token tree each round and verify it in one target call
+        (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a
+        `Tree(nodes, depth, branch)`. An `NGram` or a feature head builds trees.
     """
 
     def __init__(
@@ -127,7 +132,8 @@ class Generator:
         vocab_size: int | None = None,
         pad_token_id: int = 0,
         mesh: Mesh | None = None,
-        acceptance: Callable = accept_with_noise,
+        acceptance: Callable | None = None,
+        tree: int | Tree | None = None,
     ):
         if not isinstance(target, Transformer):
             raise TypeError(
@@ -138,17 +144,20 @@ class Generator:
             raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
         self.target, self.draft_model = target, None
         self.vocab_size = target.config.vocab_size
-        self.drafter, self.schedule = None, None
+        self.drafter, self.schedule, self.tree = None, None, None
         if draft is not None:
             self._set_drafter(draft, schedule, num_draft_tokens, vocab_size)
-        elif schedule is not None or num_draft_tokens is not None or vocab_size is not None:
-            raise ValueError("schedule, num_draft_tokens and vocab_size need a draft")
+            self.tree = None if tree is None else as_tree(tree, self.schedule, self.drafter)
+        elif any(a is not None for a in (schedule, num_draft_tokens, vocab_size, tree)):
+            raise ValueError("schedule, num_draft_tokens, vocab_size and tree need a draft")
         if (
             eos_token_id is not None
             and not 0 <= check_int("eos_token_id", eos_token_id, 0) < self.vocab_size
         ):
             raise ValueError(f"eos_token_id must lie in [0, {self.vocab_size}), got {eos_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        if acceptance is None:
+            acceptance = accept_with_noise if self.tree is None else accept_tree
         if not callable(acceptance):
             raise TypeError(f"acceptance must be a function, got {type(acceptance).__name__}")
         self.acceptance = acceptance
@@ -259,6 +268,7 @@ class Generator:
             mesh=self.mesh,
             num_slots=num_slots,
             acceptance=self.acceptance,
+            tree=self.tree,
         )
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))

@@ -41,6 +41,9 @@ class LoopConfig:
         waiting prompt when its row finishes (`decode.slots`); None: one row per prompt.
       acceptance: the acceptance rule, a function with the signature of
         `jax_specdec.acceptance.accept_with_noise` (the exact rule, the default).
+      tree: a `decode.tree.Tree`: every round drafts a token tree of that shape and
+        verifies it in one call (`decode.tree_round`); its depth is the schedule's
+        constant γ. None: chains.
     """
 
     target_def: Any
@@ -56,6 +59,7 @@ class LoopConfig:
     mesh: Mesh | None = None
     num_slots: int | None = None
     acceptance: Callable = accept_with_noise
+    tree: Any = None
 
     @property
     def gamma_max(self) -> int:

@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.drafter import DraftInputs, Proposal
+from jax_specdec.decode.tree import TreeProposal
 
-__all__ = ["NGram"]
+__all__ = ["NGram", "trie"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,13 @@ class NGram:
     def load(self, model, cache, slot, prompt, prompt_length, config):
         return None
 
+    def propose_tree(self, model, cache, inputs: DraftInputs, prepared, tree, config):
+        """A trie of the continuations of the row's `tree.nodes` best earlier matches
+        (longest n-gram first, then most recent), each up to `tree.depth` tokens."""
+        found, count = self.matches(inputs.tokens, inputs.lengths, tree.nodes, tree.depth)
+        tokens, parent, valid = trie(found, count, tree.nodes)
+        return TreeProposal(tokens, parent, valid, jnp.zeros(inputs.lengths.shape, bool))
+
     def lookup(self, tokens: jax.Array, lengths: jax.Array, gamma: int):
         """Proposals for every row.
 
@@ -94,3 +102,73 @@ class NGram:
         idx = jnp.maximum(best, 0)[:, None] + jnp.arange(gamma, dtype=jnp.int32)
         proposed = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
         return proposed.astype(jnp.int32), count
+
+    def matches(self, tokens: jax.Array, lengths: jax.Array, count: int, gamma: int):
+        """The continuations of up to `count` earlier occurrences of the row's suffix.
+
+        Each start s of a continuation is scored by the longest n-gram ending just
+        before it that equals the row's last n tokens; starts rank by that n, then by
+        recency (the first is what `lookup` proposes).
+
+        Returns:
+          (continuations [B, count, gamma] int32, lengths [B, count] int32: 0 where
+          fewer occurrences exist; a continuation stops at the history's end).
+        """
+        batch, width = tokens.shape
+        starts = jnp.arange(width, dtype=jnp.int32)
+        score = jnp.zeros((batch, width), jnp.int32)  # longest n matched before start s
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            suffix_at = lengths[:, None] - n + jnp.arange(n, dtype=jnp.int32)
+            suffix = jnp.take_along_axis(tokens, jnp.maximum(suffix_at, 0), axis=1)
+            match = (starts[None] >= n) & (starts[None] <= lengths[:, None] - 1)
+            match &= lengths[:, None] > n
+            for i in range(n):  # tokens[s - n + i] == suffix[i]
+                before = jnp.pad(tokens, ((0, 0), (n - i, 0)))[:, :width]
+                match &= before == suffix[:, i : i + 1]
+            score = jnp.where(match, n, score)
+        rank = jnp.where(score > 0, score * width + starts[None], -1)
+        best, at = jax.lax.top_k(rank, min(count, width))
+        at = jnp.where(best >= 0, at, width).astype(jnp.int32)
+        if count > width:  # fewer starts than asked for: the rest are empty
+            at = jnp.pad(at, ((0, 0), (0, count - width)), constant_values=width)
+        idx = at[:, :, None] + jnp.arange(gamma, dtype=jnp.int32)  # [B, count, gamma]
+        flat = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1).reshape(batch, -1), 1)
+        found = jnp.clip(lengths[:, None] - at, 0, gamma).astype(jnp.int32)
+        return flat.reshape(idx.shape).astype(jnp.int32), found
+
+
+def trie(continuations: jax.Array, lengths: jax.Array, nodes: int):
+    """The trie of token sequences as a tree of at most `nodes` nodes.
+
+    Args:
+      continuations: [B, M, D] int32, row b's M candidate sequences (best first).
+      lengths: [B, M] int32, how many tokens of each are real.
+      nodes: N, the tree's size.
+
+    Returns:
+      (tokens [B, N], parent [B, N], valid [B, N]) as `TreeProposal` holds them: the
+      distinct prefixes, sequence by sequence in order (so a node's parent comes before
+      it), cut at N.
+    """
+    batch, m, d = continuations.shape
+    real = jnp.arange(d)[None, None] < lengths[:, :, None]  # [B, M, D]
+    same = continuations[:, :, None, :] == continuations[:, None, :, :]  # [B, M, M', D]
+    same = jnp.cumprod(same, axis=-1).astype(bool) & real[:, None, :, :]
+    first = jnp.argmax(same, axis=2).astype(jnp.int32)  # [B, M, D] the prefix's first owner
+    owns = real & (first == jnp.arange(m, dtype=jnp.int32)[None, :, None])
+    order = jnp.cumsum(owns.reshape(batch, -1), axis=1) - 1  # [B, M*D], sequence-major
+    kept = owns.reshape(batch, -1) & (order < nodes)
+    slot = jnp.where(kept, order, nodes).astype(jnp.int32)  # N: dropped
+    # The parent of (i, j) is the owner of its prefix of length j: (first[i, j-1], j-1).
+    owner = jnp.take_along_axis(order.reshape(batch, m, d), first, axis=1)  # [B, M, D]
+    parent = jnp.pad(owner[:, :, :-1] + 1, ((0, 0), (0, 0), (1, 0)))  # 0: the root
+    rows = jnp.arange(batch)[:, None]
+
+    def place(values, fill):
+        out = jnp.full((batch, nodes), fill, values.dtype)
+        return out.at[rows, slot].set(values.reshape(batch, -1), mode="drop")
+
+    tokens = place(continuations, 0)
+    parents = place(parent.astype(jnp.int32), 0)
+    valid = place(kept, False)
+    return tokens, parents, valid

@@ -20,6 +20,7 @@ from jax_specdec.decode.round import autoregressive_step, speculative_round, the
 from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
 from jax_specdec.decode.stats import GenerationOutput, init_stats, nonfinite
+from jax_specdec.decode.tree_round import tree_round
 from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["generate", "init_state"]
@@ -67,6 +68,8 @@ def init_state(
 def _loop_body(target, draft, config: LoopConfig):
     if not config.speculative:
         body = functools.partial(autoregressive_step, target, config=config)
+    elif config.tree is not None:
+        body = functools.partial(tree_round, target, draft, config=config)
     else:
         body = functools.partial(speculative_round, target, draft, config=config)
         # Rounds may skip drafting: plain steps then, unless slots wait for a

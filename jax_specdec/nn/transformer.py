@@ -299,6 +299,7 @@ class Transformer(nnx.Module):
         recent: tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array] | None = None,
         *,
         features: bool = False,
+        tree: tuple[jax.Array, jax.Array] | None = None,
     ):
         """`decode` without writing: the cache is only read; the new entries are returned.
 
@@ -314,6 +315,10 @@ class Transformer(nnx.Module):
               positions cache.lengths + r, not yet in the cache; row b's first count[b]
               are attended.
             features: also return the final-normed top-layer hidden states [B, T, D].
+            tree: optional (depth [B, T] int32, mask [B, T, T] bool): the tokens are the
+              nodes of a tree rather than a sequence; token t sits at position
+              start + depth[b, t] and attends to the new tokens u with mask[b, t, u]
+              (its ancestors and itself) instead of u <= t.
 
         Returns:
             logits [B, T, V] float32, and per layer the new keys and values
@@ -323,11 +328,17 @@ class Transformer(nnx.Module):
         B, T = tokens.shape
         lengths = cache.lengths.astype(jnp.int32)
         start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
-        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
+        if tree is None:
+            offsets, new_mask = (
+                jnp.arange(T, dtype=jnp.int32),
+                jnp.tril(jnp.ones((T, T), bool))[None],
+            )
+        else:
+            offsets, new_mask = tree[0].astype(jnp.int32), tree[1]
+        positions = start[:, None] + offsets  # [B, T]
         # Only the cache's live prefix is attended: one static size for every layer.
         sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
         index = live_index(lengths, sizes)
-        new_mask = jnp.tril(jnp.ones((T, T), bool))[None]
         if recent is not None:
             R = recent[0][0].shape[1]
             recent_mask = jnp.arange(R, dtype=jnp.int32)[None, None, :] < recent[2][:, None, None]

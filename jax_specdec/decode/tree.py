@@ -1,0 +1,211 @@
+"""Token trees: their shape, their attention mask, and the exact acceptance walk.
+
+A round's tree hangs under the root (node 0, the row's pending token); nodes 1 … N are
+drafted tokens, each with a parent among the nodes before it (`parent[b, v] < v`), so
+a node's depth is one more than its parent's. The structure is data ([B, N] arrays);
+N and the largest depth D are static. A drafter may leave nodes unused (`valid`
+false): they are never a parent of a valid node and are never walked to.
+
+Acceptance with deterministic candidates (`walk`): the target's token y_v is drawn at
+every node v from p at v's prefix with noise of the node's own; starting at the root,
+the walk moves to the child whose token equals y_v while there is one. The emitted
+tokens are the y's along the walk, so each is a draw of p at its prefix given the
+tokens before it: the output is distributed exactly as autoregressive sampling from
+the target (under greedy decoding y_v is the argmax, and the output is the
+autoregressive one), whatever the tree holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample_with_uniforms
+
+__all__ = [
+    "Tree",
+    "TreeProposal",
+    "TreeWalk",
+    "ancestors",
+    "depths",
+    "gather_nodes",
+    "target_tokens",
+    "tree_draws",
+    "walk",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """The static shape of a round's tree.
+
+    Attributes:
+      nodes: N, drafted tokens per round (the verify call scores N + 1 tokens).
+      depth: D, the longest path below the root (tokens accepted per round at most).
+      branch: k, children a feature head expands per node (its best k tokens); the
+        n-gram proposer ignores it.
+    """
+
+    nodes: int
+    depth: int
+    branch: int = 4
+
+    def __post_init__(self):
+        for name in ("nodes", "depth", "branch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Tree.{name} must be an integer >= 1, got {v!r}")
+        if self.depth > self.nodes:
+            raise ValueError(
+                f"Tree.depth ({self.depth}) exceeds Tree.nodes ({self.nodes}): a path of "
+                "depth D needs D nodes"
+            )
+
+
+class TreeProposal(NamedTuple):
+    """A round's tree.
+
+    Attributes:
+      tokens: [B, N] int32, node v + 1's token (node 0, the root, is the pending token).
+      parent: [B, N] int32, node v + 1's parent in [0, v] (0: the root).
+      valid: [B, N] bool, nodes the drafter filled (a valid node's parent is valid).
+      bad: [B] bool, the drafter met NaN/inf logits.
+    """
+
+    tokens: jax.Array
+    parent: jax.Array
+    valid: jax.Array
+    bad: jax.Array
+
+
+class TreeWalk(NamedTuple):
+    """The outcome of the walk for each row.
+
+    Attributes:
+      path: [B, D + 1] int32, the nodes walked (root first); entries after
+        `accepted` repeat the last node.
+      accepted: [B] int32, drafted tokens kept (the walk's length below the root).
+      emitted: [B, D + 1] int32, the tokens to append: the first accepted + 1.
+    """
+
+    path: jax.Array
+    accepted: jax.Array
+    emitted: jax.Array
+
+
+def ancestors(parent: jax.Array, depth: int) -> jax.Array:
+    """[B, N + 1, N + 1] bool: mask[b, v, u] is true where u is v or an ancestor of v
+    (the root is every node's ancestor), for a tree of depth <= `depth`."""
+    full = _with_root(parent)
+    n = full.shape[1]
+    rows = jnp.arange(parent.shape[0])[:, None]
+    mask = jnp.broadcast_to(jnp.eye(n, dtype=bool), (parent.shape[0], n, n))
+    at = full
+    for _ in range(depth):
+        mask = mask | jax.nn.one_hot(at, n, dtype=bool)
+        at = full[rows, at]
+    return mask
+
+
+def depths(mask: jax.Array) -> jax.Array:
+    """[B, N + 1] int32 depth of every node (root 0) from its `ancestors` mask."""
+    return jnp.sum(mask, axis=-1, dtype=jnp.int32) - 1
+
+
+def _with_root(parent: jax.Array) -> jax.Array:
+    """[B, N] parents of nodes 1 … N -> [B, N + 1] with the root its own parent."""
+    root = jnp.zeros((parent.shape[0], 1), jnp.int32)
+    return jnp.concatenate([root, parent.astype(jnp.int32)], axis=1)
+
+
+def tree_draws(keys, nodes: int, sampling: SamplingConfig, batch: int) -> jax.Array:
+    """[B, N + 1] float32 uniforms, one per node, from each row's acceptance key [B]
+    (zeros under greedy decoding, where nothing is drawn and `keys` may be None)."""
+    if sampling.greedy:
+        return jnp.zeros((batch, nodes + 1), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (nodes + 1,), jnp.float32))(keys)
+
+
+def target_tokens(logits: jax.Array, draws: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """y [B, N + 1]: the target's token at every node from its logits [B, N + 1, V] (the
+    argmax under greedy decoding, else inverse CDF of p with the node's draw)."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    p = probs_from_logits(logits, sampling)
+    flat = sample_with_uniforms(draws.reshape(-1), p.reshape(-1, p.shape[-1]))
+    return flat.reshape(draws.shape)
+
+
+def walk(proposal: TreeProposal, y: jax.Array, depth: int) -> TreeWalk:
+    """The walk from the root (see the module docstring) given the target's token y
+    [B, N + 1] at every node; at most `depth` steps."""
+    batch = y.shape[0]
+    rows = jnp.arange(batch)
+    parent = proposal.parent.astype(jnp.int32)
+    at = jnp.zeros((batch,), jnp.int32)
+    alive = jnp.ones((batch,), bool)
+    path = [at]
+    for _ in range(depth):
+        wanted = y[rows, at]
+        match = (parent == at[:, None]) & proposal.valid & (proposal.tokens == wanted[:, None])
+        found = alive & jnp.any(match, axis=1)
+        at = jnp.where(found, jnp.argmax(match, axis=1).astype(jnp.int32) + 1, at)
+        alive = found
+        path.append(at)
+    path = jnp.stack(path, axis=1)
+    accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
+    emitted = jnp.take_along_axis(y, path, axis=1)
+    return TreeWalk(path, accepted, emitted)
+
+
+def accept_tree(logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int):
+    """The exact acceptance of a tree round: the target's token at every node from its
+    logits [B, N + 1, V] and own draw [B, N + 1], then the `walk` (at most `depth`
+    steps). `Generator(acceptance=...)` with a tree takes a rule of this signature."""
+    return walk(proposal, target_tokens(logits, draws, sampling), depth)
+
+
+def gather_nodes(x: Any, path: jax.Array) -> Any:
+    """Every [B, N + 1, ...] array of the pytree `x` taken along `path` [B, D + 1]."""
+
+    def take(a):
+        idx = path.reshape(path.shape + (1,) * (a.ndim - 2))
+        return jnp.take_along_axis(a, idx, axis=1)
+
+    return jax.tree.map(take, x)
+
+
+def as_tree(tree, schedule, drafter) -> Tree:
+    """The `Tree` a `Generator`'s `tree` argument asks for: an int N (nodes; the depth
+    is the schedule's γ) or a `Tree`, checked against the schedule and the drafter.
+    Raises ValueError naming `tree` when they cannot go together."""
+    gamma = schedule.max_gamma
+    if schedule.min_gamma != gamma:
+        raise ValueError(
+            f"tree rounds have one shape: the schedule must be an int γ (the tree's depth), "
+            f"got {type(schedule).__name__} with γ from {schedule.min_gamma} to {gamma}"
+        )
+    if isinstance(tree, Tree):
+        if tree.depth != gamma:
+            raise ValueError(f"tree.depth ({tree.depth}) must equal the schedule's γ ({gamma})")
+    elif isinstance(tree, bool) or not isinstance(tree, int) or tree < 1:
+        raise ValueError(f"tree must be a positive int (nodes) or a Tree, got {tree!r}")
+    elif tree < gamma:
+        raise ValueError(
+            f"tree ({tree} nodes) cannot reach the schedule's γ ({gamma}), its depth: "
+            "give at least γ nodes or a smaller γ"
+        )
+    else:
+        tree = Tree(tree, gamma)
+    check = getattr(drafter, "check_tree", None)
+    if not hasattr(drafter, "propose_tree"):
+        raise ValueError(
+            f"tree needs a drafter that builds trees (NGram or a feature head), not "
+            f"{type(drafter).__name__}"
+        )
+    if check is not None:
+        check(tree)
+    return tree

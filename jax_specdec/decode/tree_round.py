@@ -1,0 +1,104 @@
+"""One tree round of the loop: the drafter builds a token tree, the target scores all its
+nodes in one call, the walk (`decode.tree.walk`) accepts exactly, and the accepted
+path's cache entries are written to consecutive positions.
+
+The verify call runs on a read-only cache: node v sits at position L - 1 + depth(v) of
+its row (L the row's length) and attends to the live prefix and to its ancestors
+only. After the walk, the entries of the walked nodes (root first) are taken from the
+call's output and written at L - 1 …, one update per layer, as a chain round writes
+its entries; a drafter that reads features gets the walked nodes' features in the
+same order, so it sees the round as a chain round that accepted the walk.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafter import DraftInputs, reads_features
+from jax_specdec.decode.noise import round_keys
+from jax_specdec.decode.state import LoopState, emit, gather_last, record_round, written_after
+from jax_specdec.decode.stats import nonfinite
+from jax_specdec.decode.tree import (
+    TreeProposal,
+    ancestors,
+    depths,
+    gather_nodes,
+    tree_draws,
+)
+from jax_specdec.nn import write_entries
+
+__all__ = ["tree_round"]
+
+
+def _noise(state: LoopState, config: LoopConfig):
+    """(draft keys [B, D], node draws [B, N + 1]) of the rows' round: fold_in(keys[b],
+    round) split into a drafting and an acceptance key, as a chain round splits it."""
+    tree, batch = config.tree, state.keys.shape[0]
+    if config.sampling.greedy:
+        return jnp.zeros((batch, tree.depth), jnp.int32), tree_draws(
+            None, tree.nodes, config.sampling, batch
+        )
+    split = jax.vmap(jax.random.split)(round_keys(state.keys, state.round + 1))
+    draft_keys = jax.vmap(lambda k: jax.random.split(k, tree.depth))(split[:, 0])
+    return draft_keys, tree_draws(split[:, 1], tree.nodes, config.sampling, batch)
+
+
+def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, draws, config):
+    """The target's call over [pending, nodes] (`mask`: the nodes' `ancestors`) and the
+    config's acceptance rule (`tree.accept_tree`): (walk, logits, the call's entries
+    per layer [B, N + 1, K, hd], features [B, N + 1, D] or None)."""
+    pending = gather_last(state.tokens, state.lengths, 1)
+    logits, keys, values, *hidden = target.decode_entries(
+        jnp.concatenate([pending, proposal.tokens], axis=1),
+        cache.replace(lengths=state.lengths - 1),
+        features=reads_features(config.drafter),
+        tree=(depths(mask), mask),
+    )
+    logits = logits[..., : config.vocab_size]
+    found = config.acceptance(logits, draws, proposal, config.sampling, config.tree.depth)
+    return (
+        found,
+        logits,
+        (keys, values),
+        (hidden[0] if hidden else None),
+    )
+
+
+def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
+    """One round: draft a tree, verify it in one call, walk it, write the walked entries."""
+    drafter, depth = config.drafter, config.tree.depth
+    draft_keys, draws = _noise(state, config)
+    active = ~state.done
+    inputs = DraftInputs(state.tokens, state.lengths, state.done, draft_keys, jnp.int32(depth))
+    draft_cache, prepared, _ = drafter.prepare(draft, state.draft_cache, inputs, config)
+    proposal = drafter.propose_tree(draft, draft_cache, inputs, prepared, config.tree, config)
+    proposal = proposal._replace(valid=proposal.valid & active[:, None])
+    light = state.replace(target_cache=None, draft_cache=None)
+    mask = ancestors(proposal.parent, depth)
+    found, logits, entries, features = verify_tree(
+        target, state.target_cache, light, proposal, mask, draws, config
+    )
+    before = state.lengths
+    light = emit(light, found.emitted, found.accepted + 1, config)
+    node_depth = depths(mask)[:, 1:]
+    counts = jnp.max(jnp.where(proposal.valid, node_depth, 0), axis=1)  # longest path drafted
+    light = record_round(
+        light,
+        active=active,
+        width=depth,
+        counts=counts,
+        accepted=found.accepted,
+        bad=nonfinite(logits) | proposal.bad,
+    )
+    after = light.lengths
+    walked = gather_nodes(entries, found.path)
+    target_cache = write_entries(state.target_cache, *walked, written_after(before - 1, after))
+    extra = {}
+    if reads_features(drafter):
+        extra["features"] = gather_nodes(features, found.path)
+    draft_cache = drafter.commit(draft_cache, prepared, None, before, after, depth, config, **extra)
+    return light.replace(
+        target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
+    )

@@ -1,0 +1,300 @@
+"""Tree rounds: the tree's structure and mask, the walk against a NumPy reference, the
+n-gram trie, greedy equality with autoregressive decoding, and the enumerated
+exactness test over tree shapes and sampling settings (a wrong rule fails it)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import (
+    PROMPTS,
+    VOCAB,
+    chi_square_pvalue,
+    copies_outside_entry,
+    exact_sequence_probs,
+    make_draft,
+    ragged_prompts,
+    sample_sequences,
+    wrong_rule_pvalue,
+)
+
+from jax_specdec import Generator, NGram
+from jax_specdec.decode.ngram import trie
+from jax_specdec.decode.tree import (
+    Tree,
+    TreeProposal,
+    TreeWalk,
+    ancestors,
+    depths,
+    target_tokens,
+    walk,
+)
+from jax_specdec.sampling import SamplingConfig
+from jax_specdec.schedules import Heuristic
+
+# A star of 3 children, a path of 3, and a depth-3 tree of 7 nodes (parent of node v+1).
+SHAPES = {
+    "star3": (0, 0, 0),
+    "path3": (0, 1, 2),
+    "tree7": (0, 0, 1, 1, 2, 4, 4),
+}
+
+
+def _depth(parents) -> int:
+    d = [0]
+    for p in parents:
+        d.append(d[p] + 1)
+    return max(d)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedTree(NGram):
+    """A stub drafter: a tree of the given shape whose tokens are drawn uniformly with
+    the round's draft keys (sampling), or follow the last token (greedy)."""
+
+    parents: tuple = ()
+
+    def prepare(self, model, cache, inputs, config):
+        return None, None, None
+
+    def propose_tree(self, model, cache, inputs, prepared, tree, config):
+        batch, n = inputs.lengths.shape[0], len(self.parents)
+        if config.sampling.greedy:
+            last = jnp.take_along_axis(inputs.tokens, inputs.lengths[:, None] - 1, axis=1)
+            tokens = (last + jnp.arange(n)[None] // 2) % config.vocab_size
+        else:
+            draw = lambda k: jax.random.randint(k, (n,), 0, config.vocab_size)  # noqa: E731
+            tokens = jax.vmap(draw)(inputs.keys[:, 0])
+        parent = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, n))
+        valid = jnp.ones((batch, n), bool)
+        return TreeProposal(tokens.astype(jnp.int32), parent, valid, jnp.zeros((batch,), bool))
+
+
+def fixed(shape: str):
+    parents = SHAPES[shape]
+    return FixedTree(parents=parents), Tree(len(parents), _depth(parents))
+
+
+# ---------------------------------------------------------------- structure
+
+
+def test_ancestors_and_depths_of_a_known_tree():
+    parent = jnp.asarray([SHAPES["tree7"]], jnp.int32)
+    mask = np.asarray(ancestors(parent, 3))[0]
+    assert np.asarray(depths(jnp.asarray(mask[None])))[0].tolist() == [0, 1, 1, 2, 2, 2, 3, 3]
+    assert np.flatnonzero(mask[7]).tolist() == [0, 1, 4, 7]  # 7 -> 4 -> 1 -> root
+    assert np.flatnonzero(mask[5]).tolist() == [0, 2, 5]
+    assert mask.sum() == 1 + 2 + 2 + 3 + 3 + 3 + 4 + 4  # itself and its ancestors (depth + 1)
+
+
+def _walk_reference(tokens, parent, valid, y, depth):
+    at, path = 0, [0]
+    for _ in range(depth):
+        kids = [v + 1 for v in range(len(tokens)) if parent[v] == at and valid[v]]
+        nxt = [c for c in kids if tokens[c - 1] == y[at]]
+        if not nxt:
+            break
+        at = nxt[0]
+        path.append(at)
+    return path, [y[v] for v in path]
+
+
+def test_walk_matches_a_numpy_reference():
+    rng = np.random.default_rng(0)
+    batch, n, depth, vocab = 64, 9, 4, 3
+    parent = np.zeros((batch, n), np.int32)
+    for v in range(1, n):  # a random tree: node v+1 hangs under a node before it
+        parent[:, v] = rng.integers(0, v + 1, size=batch)
+    mask = np.asarray(ancestors(jnp.asarray(parent), n))
+    too_deep = np.asarray(depths(jnp.asarray(mask)))[:, 1:] > depth
+    valid = (rng.random((batch, n)) < 0.9) & ~too_deep
+    for v in range(n):  # a valid node's parent is valid
+        valid[:, v] &= (parent[:, v] == 0) | valid[
+            np.arange(batch), np.maximum(parent[:, v] - 1, 0)
+        ]
+    tokens = rng.integers(0, vocab, size=(batch, n)).astype(np.int32)
+    y = rng.integers(0, vocab, size=(batch, n + 1)).astype(np.int32)
+    proposal = TreeProposal(*map(jnp.asarray, (tokens, parent, valid)), jnp.zeros(batch, bool))
+    got = walk(proposal, jnp.asarray(y), depth)
+    assert isinstance(got, TreeWalk)
+    lengths = []
+    for b in range(batch):
+        path, emitted = _walk_reference(tokens[b], parent[b], valid[b], y[b], depth)
+        a = int(got.accepted[b])
+        assert a == len(path) - 1
+        assert np.asarray(got.path[b, : a + 1]).tolist() == path
+        assert np.asarray(got.emitted[b, : a + 1]).tolist() == emitted
+        lengths.append(a)
+    assert max(lengths) >= 2  # the random trees are walked deep enough to test something
+
+
+def test_target_tokens_draw_each_node_from_its_own_p():
+    logits = jnp.log(jnp.asarray([[[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]]]))
+    draws = jnp.asarray([[0.6, 0.1]])
+    y = target_tokens(logits, draws, SamplingConfig(1.0))
+    assert np.asarray(y).tolist() == [[1, 1]]  # inverse CDF: 0.6 -> 1; 0.1 -> 1
+    assert np.asarray(target_tokens(logits, draws, SamplingConfig(0.0))).tolist() == [[0, 2]]
+
+
+def test_trie_merges_shared_prefixes_and_cuts_at_its_size():
+    seqs = jnp.asarray([[[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]]], jnp.int32)
+    lengths = jnp.asarray([[3, 3, 2, 1]], jnp.int32)
+    tokens, parent, valid = map(np.asarray, trie(seqs, lengths, 8))
+    assert tokens[0, :6].tolist() == [1, 2, 3, 4, 5, 7]
+    assert parent[0, :6].tolist() == [0, 1, 2, 2, 1, 0]
+    assert valid[0].tolist() == [True] * 6 + [False] * 2
+    tokens, parent, valid = map(np.asarray, trie(seqs, lengths, 4))
+    assert tokens[0].tolist() == [1, 2, 3, 4] and valid[0].all()
+
+
+def test_ngram_matches_start_with_the_lookup_proposal():
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, 4, size=(32, 40)), jnp.int32)
+    lengths = jnp.asarray(rng.integers(2, 40, size=32), jnp.int32)
+    ngram = NGram(3, 1)
+    proposed, count = ngram.lookup(tokens, lengths, 4)
+    found, found_len = ngram.matches(tokens, lengths, 5, 4)
+    np.testing.assert_array_equal(np.asarray(found_len[:, 0]), np.asarray(count))
+    keep = np.arange(4)[None] < np.asarray(count)[:, None]
+    np.testing.assert_array_equal(
+        np.where(keep, np.asarray(found[:, 0]), 0), np.where(keep, np.asarray(proposed), 0)
+    )
+    assert (np.asarray(found_len[:, 1]) > 0).sum() > 10  # second matches exist
+
+
+# ---------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("nodes", [4, 9])
+def test_greedy_ngram_trees_emit_the_autoregressive_tokens(target, nodes):
+    prompts = ragged_prompts(6, VOCAB, seed=3, max_len=12)
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=20)
+    ar = Generator(target)(prompts, **kwargs)
+    out = Generator(target, NGram(), schedule=4, tree=nodes)(prompts, **kwargs)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
+    assert int(out.stats.accepted.sum()) > 0
+
+
+def test_greedy_fixed_tree_emits_the_autoregressive_tokens(target):
+    drafter, tree = fixed("tree7")
+    prompts = ragged_prompts(6, VOCAB, seed=4, max_len=12)
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=16)
+    ar = Generator(target)(prompts, **kwargs)
+    out = Generator(target, drafter, schedule=tree.depth, tree=tree)(prompts, **kwargs)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    assert int(out.stats.accepted.sum()) > 0
+
+
+# ---------------------------------------------------------------- exactness
+
+EXACTNESS = {
+    "star3_t0.7": ("star3", SamplingConfig(0.7), None),
+    "path3_t1": ("path3", SamplingConfig(1.0), 2),
+    "tree7_t1_topp0.8": ("tree7", SamplingConfig(1.0, top_p=0.8), None),
+    "tree7_t0.7": ("tree7", SamplingConfig(0.7), 2),
+}
+
+
+def _tree_samples(target, drafter, tree, sampling, eos, seed, **kwargs):
+    return sample_sequences(target, drafter, sampling, tree.depth, eos, seed, tree=tree, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXACTNESS))
+def test_tree_samples_follow_the_target(target, name):
+    shape, sampling, eos = EXACTNESS[name]
+    drafter, tree = fixed(shape)
+    seqs, stats = _tree_samples(target, drafter, tree, sampling, eos, seed=len(name))
+    assert 0.05 < stats.acceptance_rate < 0.95
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(f"\nTREE-EXACTNESS {name} prompt{which}: chi2_pvalue={pvalue:.3g}")
+        assert pvalue > 1e-3
+
+
+@pytest.mark.slow
+def test_ngram_tree_samples_follow_the_target(target):
+    sampling = SamplingConfig(1.0, top_k=4)
+    seqs, stats = _tree_samples(target, NGram(2, 1), Tree(6, 3), sampling, None, seed=11)
+    assert stats.accepted.sum() > 0
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, None)
+        assert chi_square_pvalue(seqs[which::2], exact) > 1e-3
+
+
+def shared_noise_walk(logits, draws, proposal, sampling, depth):
+    """A wrong rule: every node's token drawn with the root's noise (a child accepted
+    without noise of its own)."""
+    same = jnp.broadcast_to(draws[:, :1], draws.shape)
+    return walk(proposal, target_tokens(logits, same, sampling), depth)
+
+
+@pytest.mark.slow
+def test_wrong_tree_rule_fails_the_same_test(target):
+    drafter, tree = fixed("path3")
+    sampling = SamplingConfig(1.0)
+    seqs, _ = _tree_samples(
+        target, drafter, tree, sampling, None, seed=0, acceptance=shared_noise_walk
+    )
+    assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
+
+
+# ---------------------------------------------------------------- invariance, slots, HLO
+
+
+def test_a_row_gets_its_tokens_alone_in_a_batch_and_in_slots(target):
+    prompts = ragged_prompts(6, VOCAB, seed=6, max_len=10)
+    keys = jax.random.split(jax.random.key(3), 6)
+    gen = Generator(target, NGram(), schedule=3, tree=6, sampling=SamplingConfig(0.9))
+    whole = gen(prompts, key=keys, max_new_tokens=[12, 5, 12, 9, 12, 3])
+    slots = gen(prompts, key=keys, max_new_tokens=[12, 5, 12, 9, 12, 3], num_slots=2)
+    np.testing.assert_array_equal(np.asarray(slots.tokens), np.asarray(whole.tokens))
+    for row in (1, 4):
+        alone = gen([prompts[row]], key=keys[row : row + 1], max_new_tokens=12)
+        n = int(whole.lengths[row])
+        assert (
+            np.asarray(alone.tokens[0, :n]).tolist() == np.asarray(whole.tokens[row, :n]).tolist()
+        )
+
+
+def test_tree_round_copies_no_cache(target):
+    run = Generator(target, NGram(), schedule=3, tree=6).bind(
+        ragged_prompts(4, VOCAB, seed=2), key=jax.random.key(0), max_new_tokens=8
+    )
+    hlo = run.lower().compile().as_text()
+    c = target.config
+    shape = f"[4,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
+    assert shape in hlo
+    assert copies_outside_entry(hlo, shape) == 0
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(tree=0), "tree must be a positive int"),
+        (dict(tree=2.5), "tree must be a positive int"),
+        (dict(tree=2, schedule=3), "cannot reach the schedule's γ (3)"),
+        (dict(tree=Tree(6, 2), schedule=3), "tree.depth (2) must equal the schedule's γ (3)"),
+        (dict(tree=6, schedule=Heuristic(4)), "the schedule must be an int γ"),
+    ],
+)
+def test_bad_tree_arguments_are_refused_naming_them(target, kwargs, words):
+    with pytest.raises(ValueError) as err:
+        Generator(target, NGram(), **kwargs)
+    assert words in str(err.value)
+
+
+def test_a_tree_needs_a_drafter_that_builds_trees(target):
+    with pytest.raises(ValueError, match="tree needs a drafter that builds trees"):
+        Generator(target, make_draft(), schedule=3, tree=6)
+    with pytest.raises(ValueError, match="tree need a draft"):
+        Generator(target, tree=6)
+    with pytest.raises(ValueError, match="Tree.nodes must be an integer >= 1"):
+        Tree(0, 1)
