@@ -14,6 +14,7 @@ from scipy import stats
 from jax_specdec import speculative_generate
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
 
 VOCAB = 6
@@ -30,6 +31,24 @@ def make_draft(seed=1, vocab=VOCAB):
     return make_model(
         seed, vocab, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32
     )
+
+
+def make_head(target, seed=5, kept_ids=None, scale=0.3, layers=1):
+    """A random head for `target`; `kept_ids` (default all) becomes its vocab_map."""
+    kept_ids = np.arange(target.config.vocab_size) if kept_ids is None else np.asarray(kept_ids)
+    config = FeatureHeadConfig.for_target(
+        target.config, len(kept_ids), target="tiny test target", num_layers=layers
+    )
+    head = FeatureHead(config, rngs=nnx.Rngs(seed), init_scale=scale)
+    head.vocab_map.set_value(jnp.asarray(kept_ids, jnp.int32))
+    return head
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    """Kept vocabulary without token 3, which the target can emit. Small weights: q near
+    uniform over the kept tokens, so drafts are often accepted even under top-k/top-p."""
+    return make_head(target, kept_ids=[0, 1, 2, 4, 5], scale=0.05)
 
 
 def ragged_prompts(num, vocab, seed=0, max_len=9):

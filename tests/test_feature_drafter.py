@@ -14,6 +14,7 @@ from helpers import (
     copies_outside_entry,
     count_compiles,
     exact_sequence_probs,
+    make_head,
     make_model,
     ragged_prompts,
     sample_sequences,
@@ -30,24 +31,6 @@ from jax_specdec.schedules import Confidence, Custom
 from jax_specdec.training.corpus import train_tokenizer
 
 GREEDY = SamplingConfig(0.0)
-
-
-def make_head(target, seed=5, kept_ids=None, scale=0.3, layers=1):
-    """A random head for `target`; `kept_ids` (default all) becomes its vocab_map."""
-    kept_ids = np.arange(target.config.vocab_size) if kept_ids is None else np.asarray(kept_ids)
-    config = FeatureHeadConfig.for_target(
-        target.config, len(kept_ids), target="tiny test target", num_layers=layers
-    )
-    head = FeatureHead(config, rngs=nnx.Rngs(seed), init_scale=scale)
-    head.vocab_map.set_value(jnp.asarray(kept_ids, jnp.int32))
-    return head
-
-
-@pytest.fixture(scope="module")
-def head(target):
-    """Kept vocabulary without token 3, which the target can emit. Small weights: q near
-    uniform over the kept tokens, so drafts are often accepted even under top-k/top-p."""
-    return make_head(target, kept_ids=[0, 1, 2, 4, 5], scale=0.05)
 
 
 # ---------------------------------------------------------------- greedy equality

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import (
     PROMPTS,
     VOCAB,
@@ -15,12 +16,15 @@ from helpers import (
     copies_outside_entry,
     exact_sequence_probs,
     make_draft,
+    make_head,
     ragged_prompts,
     sample_sequences,
     wrong_rule_pvalue,
 )
 
 from jax_specdec import Generator, NGram
+from jax_specdec.decode.drafter import DraftInputs
+from jax_specdec.decode.head_tree import candidates
 from jax_specdec.decode.ngram import trie
 from jax_specdec.decode.tree import (
     Tree,
@@ -298,3 +302,114 @@ def test_a_tree_needs_a_drafter_that_builds_trees(target):
         Generator(target, tree=6)
     with pytest.raises(ValueError, match="Tree.nodes must be an integer >= 1"):
         Tree(0, 1)
+
+
+# ---------------------------------------------------------------- a feature head's tree
+
+WIDTH = 24  # the reference pads every sequence to one shape
+
+
+@nnx.jit
+def _head_pass(head, prev, tokens, embed):
+    return head(prev, tokens, embed)
+
+
+def _reference_logits(target, head, seq, pending_at):
+    """The head's kept-token logits after `seq` (prompt, pending token, then drafted
+    tokens) by full passes: the target's true features up to the pending token, the
+    head's own predictions after it."""
+    embed, d = target.embed[...], target.config.d_model
+    pad = lambda t: jnp.asarray([t + [0] * (WIDTH - len(t))])  # noqa: E731
+    _, true = target(pad(seq[:pending_at]), features=True)
+    prev = np.zeros((1, WIDTH, d), np.float32)
+    prev[0, 1 : pending_at + 1] = np.asarray(true)[0, :pending_at]
+    for i in range(pending_at, len(seq)):
+        logits, predicted = _head_pass(head, jnp.asarray(prev), pad(seq), embed)
+        if i + 1 < len(seq):
+            prev[0, i + 1] = np.asarray(predicted)[0, i]
+    return np.asarray(logits, np.float64)[0, len(seq) - 1]
+
+
+def _reference_tree(target, head, seq, tree):
+    """EAGLE-2's expansion and selection, node by node from `_reference_logits`."""
+    ids, k, pending_at = np.asarray(head.vocab_map[...]), tree.branch, len(seq) - 1
+
+    def best(path):
+        logits = _reference_logits(target, head, seq + path, pending_at)
+        lp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        order = np.argsort(-lp, kind="stable")[:k]
+        return [(lp[i], int(ids[i])) for i in order]
+
+    cands = [(s, t, -1, [t]) for s, t in best([])]  # (score, token, parent, path)
+    frontier = list(range(k))
+    for _ in range(1, tree.depth):
+        children = []
+        for f in frontier:
+            score, _, _, path = cands[f]
+            children += [(score + s, t, f, path + [t]) for s, t in best(path)]
+        first = len(cands)
+        cands += children
+        ranked = sorted(range(len(children)), key=lambda i: -children[i][0])
+        frontier = [first + i for i in ranked[:k]]
+    return cands
+
+
+def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
+    head = make_head(target, seed=3, scale=0.5)
+    tree = Tree(6, 3, branch=2)
+    gen = Generator(target, head, schedule=3, tree=tree)
+    prompt = [2, 5, 1, 4]
+    config = gen.bind([prompt], key=jax.random.key(0), max_new_tokens=8).config
+    model, drafter = gen.draft_model, gen.drafter
+    prompts, lengths = jnp.asarray([prompt]), jnp.asarray([len(prompt)], jnp.int32)
+    logits, features = target(prompts, features=True)
+    pending = int(np.argmax(np.asarray(logits)[0, -1]))
+    cache = drafter.init(model, prompts, lengths, config, features=features)
+    buffer = jnp.zeros((1, 16), jnp.int32).at[0, :5].set(jnp.asarray(prompt + [pending]))
+    inputs = DraftInputs(buffer, lengths + 1, jnp.zeros(1, bool), jnp.zeros((1, 3), jnp.int32), 3)
+    cache, prepared, _ = drafter.prepare(model, cache, inputs, config)
+    scores, tokens, parents, _ = candidates(model, cache, prepared, tree)
+    want = _reference_tree(target, head, prompt + [pending], tree)
+    assert np.asarray(tokens)[0].tolist() == [c[1] for c in want]
+    assert np.asarray(parents)[0].tolist() == [c[2] for c in want]
+    np.testing.assert_allclose(np.asarray(scores)[0], [c[0] for c in want], rtol=1e-5)
+    # The tree: the best N, parents before children, renumbered.
+    chosen = sorted(sorted(range(len(want)), key=lambda i: -want[i][0])[: tree.nodes])
+    node = {c: j + 1 for j, c in enumerate(chosen)}
+    got = drafter.propose_tree(model, cache, inputs, prepared, tree, config)
+    assert np.asarray(got.tokens)[0].tolist() == [want[c][1] for c in chosen]
+    assert np.asarray(got.parent)[0].tolist() == [node.get(want[c][2], 0) for c in chosen]
+    assert np.asarray(got.valid).all() and max(np.asarray(got.parent)[0]) > 1
+
+
+def test_a_head_tree_of_branch_one_is_the_chain(target):
+    head = make_head(target, seed=3, scale=0.5)
+    prompts = ragged_prompts(8, VOCAB, seed=8, max_len=10)
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=16)
+    chain = Generator(target, head, schedule=3)(prompts, **kwargs)
+    tree = Generator(target, head, schedule=3, tree=Tree(3, 3, branch=1))(prompts, **kwargs)
+    for field in ("tokens", "lengths"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(tree, field)), np.asarray(getattr(chain, field))
+        )
+    for field in ("rounds", "accepted", "accepted_at"):
+        a, b = getattr(tree.stats, field), getattr(chain.stats, field)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(chain.stats.accepted.sum()) > 5
+
+
+def test_greedy_head_trees_emit_the_autoregressive_tokens(target):
+    head = make_head(target, seed=3, scale=0.5)
+    prompts = ragged_prompts(8, VOCAB, seed=9, max_len=10)
+    kwargs = dict(key=jax.random.key(0), max_new_tokens=16, eos_token_id=2)
+    ar = Generator(target, eos_token_id=2)(prompts, key=kwargs["key"], max_new_tokens=16)
+    kwargs.pop("eos_token_id")
+    out = Generator(target, head, schedule=3, tree=Tree(8, 3, 3), eos_token_id=2)(prompts, **kwargs)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
+
+
+def test_a_tree_larger_than_the_head_builds_is_refused(target):
+    head = make_head(target)
+    with pytest.raises(ValueError, match=r"tree \(11 nodes\) is larger than a feature head builds"):
+        Generator(target, head, schedule=3, tree=Tree(11, 3, branch=2))

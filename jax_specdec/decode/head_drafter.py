@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from jax_specdec.decode import head_tree
 from jax_specdec.decode.drafter import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import load_row, new_cache, written_after
@@ -129,7 +130,21 @@ class HeadDrafter:
         predicted = jnp.take_along_axis(predicted, last, axis=1)
         logits = model.head.logits(predicted)[:, 0]  # of entry L - 1 only
         x, q, bad = _draft(model, logits, inputs.keys[:, 0], config)
-        return cache, _Prepared(keys, values, x, q, predicted, bad), None
+        return cache, _Prepared(keys, values, x, q, predicted, bad, logits), None
+
+    def propose_tree(
+        self, model: AttachedHead, cache: FeatureCache, inputs, prepared, tree, config
+    ):
+        """The round's tree (`decode.head_tree`), on a read-only cache."""
+        return head_tree.propose_tree(model, cache, prepared, tree, config)
+
+    def check_tree(self, tree):
+        """Refuses a tree of more nodes than the head drafts candidates for it."""
+        if tree.nodes > head_tree.capacity(tree):
+            raise ValueError(
+                f"tree ({tree.nodes} nodes) is larger than a feature head builds at depth "
+                f"{tree.depth} with branch {tree.branch} ({head_tree.capacity(tree)} candidates)"
+            )
 
     def propose(self, model: AttachedHead, cache: FeatureCache, inputs, prepared, width, config):
         batch = inputs.lengths.shape[0]
@@ -218,6 +233,7 @@ class _Prepared(struct.PyTreeNode):
     q: jax.Array  # [B, V] its q
     predicted: jax.Array  # [B, 1, D] the head's feature at L - 1
     bad: jax.Array  # [B] NaN/inf met
+    logits: jax.Array  # [B, K] the kept tokens' logits at L - 1
 
 
 def _draft(model: AttachedHead, logits, key, config):

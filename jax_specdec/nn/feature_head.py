@@ -195,16 +195,22 @@ class FeatureHead(nnx.Module):
             prev = previous_features(predicted)
         return out
 
-    def decode_entries(self, prev_features, tokens, embed, cache: KVCache, start, recent=()):
+    def decode_entries(
+        self, prev_features, tokens, embed, cache: KVCache, start, recent=(), own=None
+    ):
         """Entries at positions start[b] + t on a read-only cache; their keys and values
         are returned for the caller to write.
 
         Args:
           prev_features: [B, T, D]; tokens: [B, T]; embed: [V, D] (as `__call__`).
           cache: the head's cache; row b's first cache.lengths[b] positions are attended.
-          start: [B] int32, the position of each row's first new entry.
+          start: [B] int32, the position of each row's first new entry (the others
+            follow it), or [B, T] the position of each entry.
           recent: entries not yet in the cache, attended too: a sequence of
-            (keys, values, valid [B, R] bool), keys and values per layer [B, R, K, hd].
+            (keys, values, valid), keys and values per layer [B, R, K, hd], valid
+            [B, R] bool (for every new entry) or [B, T, R] (per new entry).
+          own: [B or 1, T, T] bool, which new entries each attends to; None: the
+            causal mask (itself and those before it).
 
         Returns:
           predicted features [B, T, D] and per layer the new keys and values
@@ -212,17 +218,18 @@ class FeatureHead(nnx.Module):
           from only: the LM head is most of a draft step's weights.
         """
         T = tokens.shape[1]
-        positions = start[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)
+        positions = start.astype(jnp.int32)
+        if positions.ndim == 1:
+            positions = positions[:, None] + jnp.arange(T, dtype=jnp.int32)
         sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
         index = live_index(cache.lengths, sizes)
-        own = jnp.tril(jnp.ones((T, T), bool))[None]
+        own = jnp.tril(jnp.ones((T, T), bool))[None] if own is None else own
+        recent = [(rk, rv, ok if ok.ndim == 3 else ok[:, None]) for rk, rv, ok in recent]
         x = self._inputs(prev_features, tokens, embed)
         keys, values = [], []
         for i, block in enumerate(self.blocks):
             q, k, v = block.attn.project(block.attn_norm(x), positions)
-            others = [
-                (heads_first(rk[i]), heads_first(rv[i]), ok[:, None]) for rk, rv, ok in recent
-            ]
+            others = [(heads_first(rk[i]), heads_first(rv[i]), ok) for rk, rv, ok in recent]
             others.append((heads_first(k), heads_first(v), own))
             attended = cached_attention(
                 q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
