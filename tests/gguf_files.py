@@ -123,8 +123,11 @@ def write_gguf(
     pre: str | None = None,
     tokenizer_model: str = "gpt2",
     gguf_arch: str | None = None,
+    head_count: int | None = None,
+    skip: tuple[str, ...] = (),
 ):
-    """Write a random `arch` model with 2-D weights stored as `qtype`; returns `path`."""
+    """Write a random `arch` model with 2-D weights stored as `qtype`; returns `path`.
+    `head_count` overrides the stated number of heads; `skip` names tensors left out."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -137,7 +140,7 @@ def write_gguf(
     writer.add_embedding_length(d)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(MLP)
-    writer.add_head_count(heads)
+    writer.add_head_count(heads if head_count is None else head_count)
     writer.add_head_count_kv(kv)
     writer.add_rope_freq_base(500.0 if arch == "llama" else 20000.0)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -152,6 +155,8 @@ def write_gguf(
     writer.add_bos_token_id(tokens.index("<|im_start|>"))
     writer.add_eos_token_id(tokens.index("<|endoftext|>"))
     for tensor, array in hf_weights(arch, rng, tie).items():
+        if tensor in skip:
+            continue
         if real_arch == "llama" and ".attn_q." in tensor:
             array = llama_cpp_permute(array, heads)
         elif real_arch == "llama" and ".attn_k." in tensor:

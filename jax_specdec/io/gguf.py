@@ -62,6 +62,14 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+# Files whose presence makes a directory a model (`convert_gguf` will not mix two).
+_MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "head_config.json",
+    "tokenizer.json",
+)
 
 
 def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
@@ -96,7 +104,7 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             num_layers=int(need("block_count")),
             num_heads=heads,
             num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", heads)),
-            head_dim=int(head_dim or d // heads),
+            head_dim=int(head_dim or (d // heads if heads > 0 else 0)),
             mlp_dim=int(need("feed_forward_length")),
             max_len=int(need("context_length")),
             norm_eps=float(need("attention.layer_norm_rms_epsilon")),
@@ -121,6 +129,18 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
     return None
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """The GGUF name of a Hugging Face (Llama/Qwen2) tensor (inverse of `hf_tensor_name`)."""
+    for gguf_name, name in _GLOBAL_NAMES.items():
+        if name == hf_name:
+            return gguf_name
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
+    for gguf_suffix, suffix in _LAYER_NAMES.items():
+        if m and m.group(2) == suffix:
+            return f"blk.{m.group(1)}.{gguf_suffix}"
+    return hf_name
 
 
 def unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
@@ -174,17 +194,28 @@ def load_gguf_model(path: Path_, *, dtype=None) -> Transformer:
     return build_model(config, (converts[name](w) for name, w in tensors))
 
 
-def convert_gguf(path: Path_, out_dir: Path_) -> Path:
+def convert_gguf(path: Path_, out_dir: Path_, *, overwrite: bool = False) -> Path:
     """Write a GGUF file as a Hugging Face directory (float32 weights).
 
     Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
     Everything is read and checked before anything is written: on error, `out_dir`
-    is left as it was. Returns `out_dir`.
+    is left as it was. A directory that already holds a model is refused unless
+    `overwrite` (its other files, a README say, are then left beside the new ones).
+    Returns `out_dir`.
     """
     from safetensors.numpy import save_file
 
     from jax_specdec.io.gguf_tokenizer import load_gguf_tokenizer, special_token_ids
 
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {out} exists and is not a directory")
+    held = sorted(n for n in _MODEL_FILES if (out / n).exists()) if out.is_dir() else []
+    if held and not overwrite:
+        raise ValueError(
+            f"output {out} already holds a model ({', '.join(held)}): choose another "
+            "directory, or overwrite it with --force"
+        )
     tokenizer = load_gguf_tokenizer(path)
     config, arch, tensors = hf_tensors(path)
     weights = {name: np.ascontiguousarray(w, dtype=np.float32) for name, w in tensors}
@@ -193,9 +224,6 @@ def convert_gguf(path: Path_, out_dir: Path_) -> Path:
         raise GGUFError(f"{path}: cannot be written as {arch} (got {hf['architectures']})")
     special = special_token_ids(open_gguf(path))
     hf.update({f"{k}_token_id": v for k, v in special.items() if k in ("bos", "eos", "pad")})
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise GGUFError(f"output {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
@@ -225,7 +253,8 @@ def _check_tensors(reader, shapes: dict[str, tuple[int, ...]]) -> list:
         raise GGUFError(f"{file}: unexpected tensors {', '.join(unexpected[:8])}")
     missing = [n for n in shapes if n not in found]
     if missing:
-        raise GGUFError(f"{file}: missing tensors {', '.join(missing[:8])}")
+        names = ", ".join(gguf_tensor_name(n) for n in missing[:8])
+        raise GGUFError(f"{file}: missing tensors {names}")
     return [(name, found[name]) for name in shapes]
 
 

@@ -9,12 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jax_specdec.io.weights import WeightsError, brief, check_weights_file
+
 __all__ = ["GGUFError", "brief", "field", "open_gguf"]
 
 Path_ = str | os.PathLike
 
 
-class GGUFError(ValueError):
+class GGUFError(WeightsError):
     """A GGUF file that cannot be read or is not supported; the message names the file."""
 
 
@@ -24,9 +26,7 @@ def open_gguf(path: Path_):
     The last reader is reused while the file is unchanged (parsing the metadata of a
     50k-token vocabulary takes seconds; the model and its tokenizer both need it).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    path = check_weights_file(path, "GGUF file")
     stat = path.stat()
     return _reader(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
@@ -54,8 +54,3 @@ def field(reader, key: str, default: Any = ...) -> Any:
         return f.contents()
     except Exception as e:
         raise GGUFError(f"{reader.data.filename}: metadata field {key!r} is corrupt") from e
-
-
-def brief(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

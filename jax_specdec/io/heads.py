@@ -14,9 +14,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
 __all__ = ["is_feature_head", "load_head", "load_head_config", "save_head", "tokenizer_sha256"]
@@ -88,21 +88,40 @@ def load_head(path: str | os.PathLike, param_dtype: str | None = None) -> Featur
     abstract = nnx.eval_shape(lambda: FeatureHead(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     wanted = _flat(state)
-    with safe_open(str(directory / WEIGHTS), framework="np") as f:
-        names = set(f.keys())  # noqa: SIM118 (safe_open is not a mapping)
+    with open_safetensors(directory / WEIGHTS) as f:
+        names = set(f.keys())  # noqa: SIM118 (not a mapping)
         if names != set(wanted):
             missing, extra = sorted(set(wanted) - names), sorted(names - set(wanted))
             raise ValueError(f"{directory / WEIGHTS}: missing {missing}, unexpected {extra}")
         for name, leaf in wanted.items():
-            array = f.get_tensor(name)
+            array = f.get(name)
             expected = leaf.get_value()
             if array.shape != expected.shape:
                 raise ValueError(
                     f"{directory / WEIGHTS}: {name} has shape {array.shape}, the config "
                     f"implies {expected.shape}"
                 )
+            if name == "vocab_map":
+                _check_vocab_map(directory / WEIGHTS, array, config.vocab_size)
             leaf.set_value(jnp.asarray(array, expected.dtype))
     return nnx.merge(graphdef, state)
+
+
+def _check_vocab_map(file: Path, ids: np.ndarray, vocab_size: int) -> None:
+    """The kept ids: integers in [0, vocab_size), each once (a duplicate would count one
+    token's draft probability twice)."""
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{file}: vocab_map must hold integer token ids, got {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{file}: vocab_map ids lie in [{ids.min()}, {ids.max()}], outside [0, {vocab_size})"
+        )
+    unique, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(
+            f"{file}: vocab_map lists token {int(unique[counts > 1][0])} more than once "
+            f"({int((counts > 1).sum())} duplicated id(s))"
+        )
 
 
 def tokenizer_sha256(tokenizer) -> str:

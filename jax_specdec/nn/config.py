@@ -21,6 +21,13 @@ _POSITIONS = ("rope", "learned")
 _MLPS = ("swiglu", "gelu")
 
 
+def _per_head(base: dict[str, Any]):
+    """d_model // num_heads, the default head_dim; for a num_heads that is no positive
+    integer it is left to the config's own check, which names the field."""
+    heads = base["num_heads"]
+    return base["d_model"] // heads if isinstance(heads, int) and heads > 0 else heads
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Shape and flavour of a decoder-only transformer.
@@ -164,7 +171,7 @@ class TransformerConfig:
         base = {**_FAMILIES["llama"]}
         base.update(overrides)
         base.setdefault("num_kv_heads", base["num_heads"])
-        base.setdefault("head_dim", base["d_model"] // base["num_heads"])
+        base.setdefault("head_dim", _per_head(base))
         return cls(**base)
 
     @classmethod
@@ -176,7 +183,7 @@ class TransformerConfig:
         base = {**_FAMILIES["gpt2"]}
         base.update(overrides)
         base.setdefault("num_kv_heads", base["num_heads"])
-        base.setdefault("head_dim", base["d_model"] // base["num_heads"])
+        base.setdefault("head_dim", _per_head(base))
         base.setdefault("mlp_dim", 4 * base["d_model"])
         return cls(**base)
 
