@@ -20,7 +20,9 @@ the same rows computed one at a time; so does `matmul_t`.
 
 The library is compiled on first use with the system's C++ compiler (`$CXX`, else
 `c++`) for this CPU (`-march=native`) into `~/.cache/jax_specdec/kernels/`, keyed by
-the sources, the flags, the CPU and jaxlib's version. The build has a time limit
+the sources, the flags, the CPU and jaxlib's version, with the library's size and
+SHA-256 recorded beside it: a library that does not match its record (a truncated
+copy, a bad restore) is built again, never loaded. The build has a time limit
 (`BUILD_TIMEOUT` seconds) and the compiler's warnings are shown as a Python warning.
 Without a compiler, or if the build fails or runs out of time, a warning says so once
 and jnp's products are used.
@@ -31,9 +33,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -72,14 +76,39 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def _build(out: pathlib.Path, compiler: str) -> None:
-    if shutil.which(compiler) is None:
+def _compiler_command(compiler: str) -> list[str]:
+    """`$CXX` (or c++) as a command: it may hold several words, e.g. "ccache g++"."""
+    words = shlex.split(compiler)
+    if not words or shutil.which(words[0]) is None:
+        if "CXX" in os.environ:
+            raise RuntimeError(f"no C++ compiler (CXX={compiler!r}: {words[:1]} not on PATH)")
         raise RuntimeError(f"no C++ compiler ({compiler!r} is not on PATH; set CXX)")
+    return words
+
+
+def _record(library: pathlib.Path) -> dict:
+    """What the build recorded beside the library: its size and SHA-256."""
+    data = library.read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _intact(library: pathlib.Path) -> bool:
+    """Whether `library` is the file its build recorded (a truncated or altered copy in
+    the cache would crash the process that loads it)."""
+    record = library.with_name(library.name + ".json")
+    try:
+        return library.is_file() and json.loads(record.read_text()) == _record(library)
+    except (OSError, ValueError):
+        return False
+
+
+def _build(out: pathlib.Path, compiler: str) -> None:
+    words = _compiler_command(compiler)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = pathlib.Path(tmp) / out.name
         command = [
-            compiler,
+            *words,
             *_FLAGS,
             f"-isystem{jax.ffi.include_dir()}",
             str(_SOURCE),
@@ -98,26 +127,39 @@ def _build(out: pathlib.Path, compiler: str) -> None:
                 RuntimeWarning,
                 stacklevel=4,
             )
-        os.replace(built, out)  # atomic: concurrent processes see the whole file or none
+        record = pathlib.Path(tmp) / "record.json"
+        record.write_text(json.dumps(_record(built)))
+        # Atomic, record first: a process sees a whole file or none, and a library that
+        # does not match its record is built again, never loaded.
+        os.replace(record, out.with_name(out.name + ".json"))
+        os.replace(built, out)
+
+
+def _library_path(compiler: str) -> pathlib.Path:
+    """Where the library built by `compiler` lives: keyed by the sources, the command,
+    the CPU and jaxlib's version."""
+    import jaxlib
+
+    from jax_specdec.io.zoo import cache_dir
+
+    key = hashlib.sha256()
+    sources = [_SOURCE, *sorted(_SOURCE.parent.glob("cpu_matmul_*.h"))]
+    for part in (*(s.read_bytes() for s in sources), " ".join((compiler, *_FLAGS)), _cpu_id()):
+        key.update(part if isinstance(part, bytes) else part.encode())
+    key.update(jaxlib.__version__.encode())
+    return cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
 
 
 @functools.cache
 def _library() -> bool:
     """Builds (once per machine) and registers the kernels; False if that fails."""
-    import jaxlib
-
-    from jax_specdec.io.zoo import cache_dir
-
     try:
-        key = hashlib.sha256()
         compiler = os.environ.get("CXX") or "c++"
-        sources = [_SOURCE, *sorted(_SOURCE.parent.glob("cpu_matmul_*.h"))]
-        for part in (*(s.read_bytes() for s in sources), " ".join((compiler, *_FLAGS)), _cpu_id()):
-            key.update(part if isinstance(part, bytes) else part.encode())
-        key.update(jaxlib.__version__.encode())
-        out = cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
-        if not out.exists():
+        out = _library_path(compiler)
+        if not _intact(out):
             _build(out, compiler)
+            if not _intact(out):
+                raise RuntimeError(f"{out} does not match its build record after a rebuild")
         library = ctypes.cdll.LoadLibrary(str(out))
         for symbol, name in _TARGETS.items():
             capsule = jax.ffi.pycapsule(getattr(library, symbol))
