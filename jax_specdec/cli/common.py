@@ -40,13 +40,42 @@ def unescape(line: str) -> str:
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
 
 
+def text_lines(path) -> list[str]:
+    """The lines of a UTF-8 text file, newlines kept; bad UTF-8 is a ValueError naming the
+    file and the line."""
+    with open(path, "rb") as f:
+        raw = f.readlines()
+    try:
+        return [line.decode("utf-8") for line in raw]
+    except UnicodeDecodeError:
+        bad = next(n for n, line in enumerate(raw, 1) if not _utf8(line))
+        raise ValueError(f"{path} line {bad} is not valid UTF-8") from None
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def read_prompts(path: str) -> list[str]:
     """One prompt per non-empty line of `path`, with `\\n` escapes."""
-    with open(path, encoding="utf-8") as f:
-        prompts = [unescape(line.rstrip("\n")) for line in f if line.strip()]
+    prompts = [unescape(line.rstrip("\n")) for line in text_lines(path) if line.strip()]
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
+
+
+SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is batch.seed_key_data(seed)
+
+
+def check_seed(seed: int) -> int:
+    """--seed, checked before it becomes a key."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"--seed must lie in [0, 2**63), got {seed}")
+    return seed
 
 
 def model_dir(text: str, which: str) -> pathlib.Path:
@@ -106,9 +135,8 @@ def load_pair(target: str, draft: str) -> Loaded:
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")
     if draft_tok is not None and draft_tok != target_tok:
-        raise ValueError(
-            f"the draft's tokenizer ({draft_dir}/tokenizer.json) differs from the target's"
-        )
+        where = draft_dir if draft_dir.is_file() else draft_dir / "tokenizer.json"
+        raise ValueError(f"the draft's tokenizer ({where}) differs from the target's")
     return Loaded(
         load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir), target_dir
     )

@@ -63,12 +63,13 @@ def _generate(args, target, draft, ids, eos) -> dict:
 
     import jax
 
+    from jax_specdec.batch import seed_key_data
     from jax_specdec.bench import measure
     from jax_specdec.decode import Generator
 
     settings = dict(sampling=common.sampling(args), eos_token_id=eos)
     spec = Generator(target, draft, num_draft_tokens=args.num_draft_tokens, **settings)
-    key = jax.random.key(args.seed)
+    key = jax.random.wrap_key_data(seed_key_data(args.seed))  # jax.random.key below 2**32
     run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
     if not args.compare:
         start = time.perf_counter()
@@ -77,6 +78,20 @@ def _generate(args, target, draft, ids, eos) -> dict:
     ar_run = Generator(target, **settings).bind(ids, key=key, max_new_tokens=args.max_new_tokens)
     spec_m, ar_m = measure([run, ar_run], repeats=3)
     return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m}
+
+
+def _check_finite(args, result) -> None:
+    """A ValueError when a row met NaN/inf logits (the checked call of the Python API warns;
+    here nothing of such an output is printed)."""
+    import numpy as np
+
+    outputs = [result["out"]] + ([result["ar"].output] if "ar" in result else [])
+    bad = np.flatnonzero(np.any([np.asarray(o.stats.nonfinite) for o in outputs], axis=0))
+    if bad.size:
+        raise ValueError(
+            f"NaN/inf logits met for prompt(s) {(bad + 1).tolist()}: the weights of "
+            f"--target {args.target} or --draft {args.draft} hold NaN/inf or are corrupt"
+        )
 
 
 def _summary(result: dict) -> dict:
@@ -132,11 +147,13 @@ def run(args, parser) -> int:
 
     try:
         common.sampling(args)
+        common.check_seed(args.seed)
         prompts = _prompts(args)
         loaded = common.load_pair(args.target, args.draft)
         tokenizer = loaded.tokenizer
         ids = [tokenizer.encode(p).ids for p in prompts]
         result = _generate(args, loaded.target, loaded.draft, ids, common.eos(args.eos, loaded))
+        _check_finite(args, result)
     except (ValueError, OSError) as e:
         common.fail(parser, e)
     out = result["out"]

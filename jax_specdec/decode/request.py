@@ -14,7 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Request", "check_int", "longest_first", "make_request", "queue_rows"]
+__all__ = ["INT32_MAX", "Request", "check_int", "longest_first", "make_request", "queue_rows"]
+
+#: the largest count, budget or length the compiled program holds (int32).
+INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -53,10 +56,13 @@ class Request:
         return dataclasses.replace(self, prompts=self.prompts[:, : self.longest])
 
 
-def check_int(name: str, value, low: int) -> int:
-    """`value` as an int >= low, else a ValueError naming `name`."""
+def check_int(name: str, value, low: int, high: int = INT32_MAX) -> int:
+    """`value` as an int in [low, high] (by default within int32, checked before any
+    cast: a larger value would wrap around), else a ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value!r}")
     return int(value)
 
 
@@ -102,6 +108,11 @@ def _budgets(max_new_tokens, batch: int) -> np.ndarray:
             f"max_new_tokens must be >= 1 for every prompt, got {int(values.min())} at "
             f"prompt {int(np.argmin(values))}"
         )
+    if values.max() > INT32_MAX:  # checked before the cast, which would wrap around
+        raise ValueError(
+            f"max_new_tokens must be at most {INT32_MAX} for every prompt, got "
+            f"{int(values.max())} at prompt {int(np.argmax(values))}"
+        )
     return values.astype(np.int32)
 
 
@@ -142,6 +153,9 @@ def _array_lengths(array: np.ndarray, prompt_lengths) -> np.ndarray:
         )
     if np.any(lengths > array.shape[1]):
         raise ValueError(f"prompt_lengths exceed the prompts' width {array.shape[1]}")
+    if np.any(lengths < 1):  # a negative length would slice from the end
+        b = int(np.argmin(lengths))
+        raise ValueError(f"prompt_lengths[{b}] must be >= 1, got {int(lengths[b])}")
     return lengths
 
 

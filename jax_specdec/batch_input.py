@@ -1,0 +1,165 @@
+"""The input of a batch job (`jax_specdec.batch`): one JSON object per line, each checked
+when the file is read (fields, ids, seeds, sampling, and that the prompt and its budget
+fit the models' context), so a bad row is named by its line and id before anything is
+compiled or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+
+from jax_specdec.decode.request import INT32_MAX
+from jax_specdec.sampling import SamplingConfig
+
+__all__ = ["JobError", "JobRow", "derive_seed", "read_rows", "seed_key_data"]
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+_KNOWN = {"id", "prompt", "tokens", "seed", "max_new_tokens", *_SAMPLING_FIELDS}
+
+
+class JobError(ValueError):
+    """Bad job input or an output file that does not belong to this job."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRow:
+    id: str | int
+    line: int
+    tokens: tuple[int, ...]
+    seed: int
+    sampling: SamplingConfig
+    max_new_tokens: int
+
+    @property
+    def key(self) -> str:
+        """The id as it is compared: its JSON text (so 1 and "1" are different ids)."""
+        return json.dumps(self.id)
+
+
+def seed_key_data(seed: int) -> np.ndarray:
+    """The threefry key of a 63-bit seed: [seed >> 32, seed & 0xffffffff], which is
+    `jax.random.key(seed)` for seeds below 2**32 (JAX without x64 keeps only the low
+    32 bits of larger ones)."""
+    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+
+
+def derive_seed(job_seed: int, row_id) -> int:
+    """A row's seed from the job seed and its id only (63 bits of SHA-256)."""
+    digest = hashlib.sha256(f"{job_seed}\0{json.dumps(row_id)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _row(obj, line: int, defaults: dict) -> JobRow:
+    """One input line as a `JobRow`, or a JobError naming the line."""
+    tokenizer, vocab_size = defaults["tokenizer"], defaults["vocab_size"]
+    job_seed, sampling = defaults["job_seed"], defaults["sampling"]
+    max_new_tokens, max_len = defaults["max_new_tokens"], defaults["max_len"]
+    if not isinstance(obj, dict):
+        raise JobError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - _KNOWN)
+    if unknown:
+        raise JobError(f"line {line}: unknown field(s) {unknown}; known: {sorted(_KNOWN)}")
+    if "id" not in obj:
+        raise JobError(f"line {line}: missing 'id'")
+    row_id = obj["id"]
+    if isinstance(row_id, bool) or not isinstance(row_id, (str, int)) or row_id == "":
+        raise JobError(f"line {line}: 'id' must be a non-empty string or an integer")
+    if ("prompt" in obj) == ("tokens" in obj):
+        raise JobError(f"line {line}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise JobError(f"line {line}: 'prompt' must be a non-empty string")
+        if tokenizer is None:
+            raise JobError(f"line {line}: a text 'prompt' needs the target's tokenizer")
+        tokens = tuple(tokenizer.encode(obj["prompt"]).ids)
+        if not tokens:
+            raise JobError(f"line {line}: 'prompt' encodes to no tokens")
+    else:
+        tokens = obj["tokens"]
+        if (
+            not isinstance(tokens, list)
+            or not tokens
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+        ):
+            raise JobError(f"line {line}: 'tokens' must be a non-empty list of integers")
+        if min(tokens) < 0 or max(tokens) >= vocab_size:
+            raise JobError(f"line {line}: 'tokens' must lie in [0, {vocab_size})")
+        tokens = tuple(tokens)
+    seed = obj.get("seed")
+    if seed is None:
+        seed = derive_seed(job_seed, row_id)
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise JobError(f"line {line}: 'seed' must be an integer in [0, 2**63)")
+    try:
+        overrides = {k: obj[k] for k in _SAMPLING_FIELDS if k in obj}
+        row_sampling = dataclasses.replace(sampling, **overrides) if overrides else sampling
+    except (ValueError, TypeError) as e:
+        raise JobError(f"line {line}: {e}") from None
+    new = obj.get("max_new_tokens", max_new_tokens)
+    if isinstance(new, bool) or not isinstance(new, int) or not 1 <= new <= INT32_MAX:
+        raise JobError(f"line {line}: 'max_new_tokens' must be an integer in [1, {INT32_MAX}]")
+    if max_len is not None and len(tokens) + new > max_len:
+        raise JobError(
+            f"line {line} (id {json.dumps(row_id)}): its prompt of {len(tokens)} tokens and "
+            f"max_new_tokens {new} exceed the models' context of {max_len} tokens"
+        )
+    return JobRow(row_id, line, tokens, seed, row_sampling, new)
+
+
+def read_rows(
+    path,
+    *,
+    tokenizer,
+    vocab_size: int,
+    job_seed: int,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    on_error: str = "stop",
+    max_len: int | None = None,
+) -> tuple[list[JobRow], list[dict]]:
+    """Parses the input file. Returns (rows, errors); with on_error="stop" the first bad
+    line raises a `JobError` naming its line number, with "skip" it is listed in errors.
+    A duplicate id is an error of the later line; so is a row whose prompt and budget do
+    not fit in `max_len` tokens (the models' context), when given."""
+    if on_error not in ("stop", "skip"):
+        raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
+    defaults = dict(
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        job_seed=job_seed,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        max_len=max_len,
+    )
+    rows, errors, seen = [], [], {}
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            text = raw.decode("utf-8", errors="replace")
+            if not text.strip():
+                continue
+            try:
+                try:
+                    raw.decode("utf-8")
+                    obj = json.loads(text)
+                except UnicodeDecodeError:
+                    raise JobError(f"line {line_no}: not valid UTF-8") from None
+                except json.JSONDecodeError as e:
+                    raise JobError(f"line {line_no}: not valid JSON ({e.msg})") from None
+                row = _row(obj, line_no, defaults)
+                if row.key in seen:
+                    raise JobError(
+                        f"line {line_no}: duplicate id {row.key} (first on line {seen[row.key]})"
+                    )
+                seen[row.key] = line_no
+                rows.append(row)
+            except JobError as e:
+                if on_error == "stop":
+                    raise
+                errors.append({"line": line_no, "error": str(e), "text": text.rstrip("\n")})
+    if not rows and not errors:
+        raise JobError(f"{path} holds no rows")
+    return rows, errors
