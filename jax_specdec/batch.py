@@ -6,7 +6,9 @@ Input: one JSON object per line with an `id` (string or integer, unique) and eit
 
 Output: one JSON object per finished row, `{"id", "seed", "tokens", "text", "stats"}`,
 appended and flushed call by call, plus `<output>.job.json` recording what the job
-is (models, seed, schedule, defaults, input): a restart with a different job is refused.
+is (models, seed, schedule, defaults, input), written with the first row: a restart
+with a different job is refused. Every input line is checked when the file is read
+(`jax_specdec.batch_input`), before anything is compiled or written.
 
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
@@ -32,11 +34,12 @@ import json
 import os
 import pathlib
 import time
+import warnings
 from collections.abc import Iterable
 
 import numpy as np
 
-from jax_specdec.sampling import SamplingConfig
+from jax_specdec.batch_input import JobError, JobRow, derive_seed, read_rows, seed_key_data
 
 __all__ = [
     "CALL_SLOTS",
@@ -50,148 +53,38 @@ __all__ = [
     "seed_key_data",
 ]
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 # With slots, one call runs up to CALL_SLOTS x slots rows: a killed job redoes at most
 # one call, and a call's last rows leave slots idle only at its end.
 CALL_SLOTS = 16
-_KNOWN = {"id", "prompt", "tokens", "seed", "max_new_tokens", *_SAMPLING_FIELDS}
-
-
-class JobError(ValueError):
-    """Bad job input or an output file that does not belong to this job."""
-
-
-@dataclasses.dataclass(frozen=True)
-class JobRow:
-    id: str | int
-    line: int
-    tokens: tuple[int, ...]
-    seed: int
-    sampling: SamplingConfig
-    max_new_tokens: int
-
-    @property
-    def key(self) -> str:
-        """The id as it is compared: its JSON text (so 1 and "1" are different ids)."""
-        return json.dumps(self.id)
-
-
-def seed_key_data(seed: int) -> np.ndarray:
-    """The threefry key of a 63-bit seed: [seed >> 32, seed & 0xffffffff], which is
-    `jax.random.key(seed)` for seeds below 2**32 (JAX without x64 keeps only the low
-    32 bits of larger ones)."""
-    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
-
-
-def derive_seed(job_seed: int, row_id) -> int:
-    """A row's seed from the job seed and its id only (63 bits of SHA-256)."""
-    digest = hashlib.sha256(f"{job_seed}\0{json.dumps(row_id)}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-def _row(obj, line: int, tokenizer, vocab_size, job_seed, sampling, max_new_tokens) -> JobRow:
-    if not isinstance(obj, dict):
-        raise JobError(f"line {line}: expected a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - _KNOWN)
-    if unknown:
-        raise JobError(f"line {line}: unknown field(s) {unknown}; known: {sorted(_KNOWN)}")
-    if "id" not in obj:
-        raise JobError(f"line {line}: missing 'id'")
-    row_id = obj["id"]
-    if isinstance(row_id, bool) or not isinstance(row_id, (str, int)) or row_id == "":
-        raise JobError(f"line {line}: 'id' must be a non-empty string or an integer")
-    if ("prompt" in obj) == ("tokens" in obj):
-        raise JobError(f"line {line}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
-    if "prompt" in obj:
-        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-            raise JobError(f"line {line}: 'prompt' must be a non-empty string")
-        if tokenizer is None:
-            raise JobError(f"line {line}: a text 'prompt' needs the target's tokenizer")
-        tokens = tuple(tokenizer.encode(obj["prompt"]).ids)
-        if not tokens:
-            raise JobError(f"line {line}: 'prompt' encodes to no tokens")
-    else:
-        tokens = obj["tokens"]
-        if (
-            not isinstance(tokens, list)
-            or not tokens
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
-        ):
-            raise JobError(f"line {line}: 'tokens' must be a non-empty list of integers")
-        if min(tokens) < 0 or max(tokens) >= vocab_size:
-            raise JobError(f"line {line}: 'tokens' must lie in [0, {vocab_size})")
-        tokens = tuple(tokens)
-    seed = obj.get("seed")
-    if seed is None:
-        seed = derive_seed(job_seed, row_id)
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise JobError(f"line {line}: 'seed' must be an integer in [0, 2**63)")
-    try:
-        overrides = {k: obj[k] for k in _SAMPLING_FIELDS if k in obj}
-        row_sampling = dataclasses.replace(sampling, **overrides) if overrides else sampling
-    except (ValueError, TypeError) as e:
-        raise JobError(f"line {line}: {e}") from None
-    new = obj.get("max_new_tokens", max_new_tokens)
-    if isinstance(new, bool) or not isinstance(new, int) or new < 1:
-        raise JobError(f"line {line}: 'max_new_tokens' must be an integer >= 1")
-    return JobRow(row_id, line, tokens, seed, row_sampling, new)
-
-
-def read_rows(
-    path,
-    *,
-    tokenizer,
-    vocab_size: int,
-    job_seed: int,
-    sampling: SamplingConfig,
-    max_new_tokens: int,
-    on_error: str = "stop",
-) -> tuple[list[JobRow], list[dict]]:
-    """Parses the input file. Returns (rows, errors); with on_error="stop" the first bad
-    line raises a `JobError` naming its line number, with "skip" it is listed in errors.
-    A duplicate id is an error of the later line."""
-    if on_error not in ("stop", "skip"):
-        raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
-    rows, errors, seen = [], [], {}
-    with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise JobError(f"line {line_no}: not valid JSON ({e.msg})") from None
-                row = _row(obj, line_no, tokenizer, vocab_size, job_seed, sampling, max_new_tokens)
-                if row.key in seen:
-                    raise JobError(
-                        f"line {line_no}: duplicate id {row.key} (first on line {seen[row.key]})"
-                    )
-                seen[row.key] = line_no
-                rows.append(row)
-            except JobError as e:
-                if on_error == "stop":
-                    raise
-                errors.append({"line": line_no, "error": str(e), "text": text.rstrip("\n")})
-    if not rows and not errors:
-        raise JobError(f"{path} holds no rows")
-    return rows, errors
 
 
 def plan_batches(
-    rows: Iterable[JobRow], batch_size: int, *, by_budget: bool = True
+    rows: Iterable[JobRow], batch_size: int, *, by_budget: bool = True, max_len: int | None = None
 ) -> list[list[JobRow]]:
     """Rows grouped by sampling (and max_new_tokens if `by_budget`), sorted by prompt
-    length (then input line), cut into calls of at most batch_size rows.
-    Deterministic for a set of rows."""
+    length (then input line), cut into calls of at most batch_size rows; with `max_len`,
+    also wherever a call's longest prompt and largest budget would not fit in it
+    together (one compiled call holds both). Deterministic for a set of rows, and for
+    the rows after any cut."""
     groups: dict = {}
     for row in rows:
         groups.setdefault((row.sampling, row.max_new_tokens if by_budget else 0), []).append(row)
     plan = []
     for key in sorted(groups, key=lambda k: (dataclasses.astuple(k[0]), k[1])):
-        ordered = sorted(groups[key], key=lambda r: (len(r.tokens), r.line))
-        plan += [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+        call: list[JobRow] = []
+        for row in sorted(groups[key], key=lambda r: (len(r.tokens), r.line)):
+            if call and (len(call) == batch_size or not _fits([*call, row], max_len)):
+                plan.append(call)
+                call = []
+            call.append(row)
+        plan += [call] if call else []
     return plan
+
+
+def _fits(call: list[JobRow], max_len: int | None) -> bool:
+    if max_len is None:
+        return True
+    return max(len(r.tokens) for r in call) + max(r.max_new_tokens for r in call) <= max_len
 
 
 def _finished_ids(output: pathlib.Path) -> set[str]:
@@ -233,9 +126,14 @@ def model_identity(model_dir) -> dict:
     }
 
 
+def _job_file(output: pathlib.Path) -> pathlib.Path:
+    return output.with_name(output.name + ".job.json")
+
+
 def _check_job(output: pathlib.Path, job: dict) -> None:
-    """Writes <output>.job.json, or checks that an existing one describes this job."""
-    meta = output.with_name(output.name + ".job.json")
+    """Checks that an existing <output>.job.json describes this job (it is written with
+    the first row, so a job that failed before any row leaves its output path free)."""
+    meta = _job_file(output)
     if meta.exists():
         old = json.loads(meta.read_text())
         differs = sorted(k for k in set(old) | set(job) if old.get(k) != job.get(k))
@@ -246,8 +144,6 @@ def _check_job(output: pathlib.Path, job: dict) -> None:
             )
     elif output.exists() and output.stat().st_size > 0:
         raise JobError(f"{output} exists but has no {meta.name}: not an output of this tool")
-    else:
-        meta.write_text(json.dumps(job, indent=1) + "\n")
 
 
 def make_generate(
@@ -304,6 +200,8 @@ def run_job(
     rows_per_call: int | None = None,
     detokenize=None,
     progress: bool = True,
+    max_len: int | None = None,
+    stop=None,
 ) -> dict:
     """Runs the rows not yet in `output`, appending one line per row, call by call.
 
@@ -313,18 +211,19 @@ def run_job(
       generate: fn(prompts: list[list[int]], keys, sampling, max_new_tokens: [int]) ->
         GenerationOutput for one call (speculative or autoregressive).
       job: what identifies the job (models, seed, schedule, defaults); stored beside
-        the output and compared on restart.
+        the output with the first row and compared on restart.
       batch_size: rows per fixed batch (when `slots` is None).
       slots: the slots `generate` runs its rows through: calls of up to
         `rows_per_call` (default CALL_SLOTS x slots) rows of one sampling group,
         whatever their budgets.
       detokenize: fn(ids) -> text, or None.
+      max_len: the models' context: no call holds a longest prompt and a largest budget
+        that do not fit in it together.
+      stop: fn() -> bool, asked between calls: True ends the job there (resumable).
 
     Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round,
-    occupancy).
+    occupancy, and whether `stop` ended it).
     """
-    from tqdm.auto import tqdm
-
     output = pathlib.Path(output)
     _check_job(output, job)
     done = _finished_ids(output)
@@ -335,31 +234,43 @@ def run_job(
             f"{sorted(unknown)[0]}: it belongs to a different job"
         )
     pending = [r for r in rows if r.key not in done]
-    plan = _plan(pending, batch_size, slots, rows_per_call)
+    if slots is None:  # fixed batches, split by budget too
+        limit = batch_size
+    else:  # calls through slots, whatever the budgets
+        limit = rows_per_call or CALL_SLOTS * slots
+    plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
     counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
     totals = dict.fromkeys(counters, 0)
     start = time.perf_counter()
+    interrupted = _append(output, job, plan, totals, generate, detokenize, progress, stop)
+    summary = _summary(totals, len(done), time.perf_counter() - start)
+    return {**summary, "interrupted": interrupted}
+
+
+def _append(output, job, plan, totals, generate, detokenize, progress, stop) -> bool:
+    """Runs the plan's calls, appending each call's lines (the job file with the first);
+    returns whether `stop` ended it early."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
     bar = tqdm(total=sum(map(len, plan)), desc="batch", unit="row", disable=not progress)
-    with open(output, "a", encoding="utf-8") as f:
+    with bar:
         for batch in plan:
+            if stop is not None and stop():
+                return True
             results, slot_rounds = _run_batch(batch, generate, detokenize)
+            if not _job_file(output).exists():
+                _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
             totals["slot_rounds"] += slot_rounds
             # Appended and synced call by call: a killed job loses at most this call.
-            f.write("".join(json.dumps(r) + "\n" for r in results))
-            f.flush()
-            os.fsync(f.fileno())
+            with open(output, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in results))
+                f.flush()
+                os.fsync(f.fileno())
             _add_up(totals, results)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{totals['tokens'] / (time.perf_counter() - start):.0f}")
-    bar.close()
-    return _summary(totals, len(done), time.perf_counter() - start)
-
-
-def _plan(pending, batch_size: int, slots, rows_per_call) -> list[list[JobRow]]:
-    """Fixed batches (slots None), or calls of a sampling group through slots."""
-    if slots is None:
-        return plan_batches(pending, batch_size)
-    return plan_batches(pending, rows_per_call or CALL_SLOTS * slots, by_budget=False)
+    return False
 
 
 def _add_up(totals: dict, results: list[dict]) -> None:
@@ -376,7 +287,16 @@ def _run_batch(batch: list[JobRow], generate, detokenize) -> tuple[list[dict], i
 
     keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
     budgets = [r.max_new_tokens for r in batch]
-    out = generate([list(r.tokens) for r in batch], keys, batch[0].sampling, budgets)
+    with warnings.catch_warnings():  # checked below, for the rows' ids
+        warnings.filterwarnings("ignore", "NaN/inf logits", RuntimeWarning)
+        out = generate([list(r.tokens) for r in batch], keys, batch[0].sampling, budgets)
+    bad = np.flatnonzero(np.asarray(out.stats.nonfinite))
+    if bad.size:
+        rows = ", ".join(f"{batch[b].key} (line {batch[b].line})" for b in bad[:4])
+        raise JobError(
+            f"NaN/inf logits met for id(s) {rows}: the model's weights hold NaN/inf or are "
+            "corrupt; nothing of this call was written"
+        )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     counters = {
         k: np.asarray(getattr(out.stats, k)) for k in ("rounds", "drafted", "accepted", "rejected")

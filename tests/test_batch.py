@@ -13,6 +13,7 @@ import pytest
 
 from jax_specdec.batch import derive_seed, seed_key_data
 from jax_specdec.cli import main
+from jax_specdec.cli.batch import INTERRUPTED
 
 PROMPTS = ["def f(x):", "import os\n", "class A:\n    def", "for i in range(", "x = [", "if a:"]
 
@@ -87,7 +88,10 @@ def test_seed_key_data_is_jax_random_key_for_32_bit_seeds():
     assert derive_seed(0, "a") != derive_seed(0, "b") != derive_seed(1, "a")
 
 
-def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
+    """SIGKILL, or Ctrl-C (the CLI stops between calls: one line, exit 130), mid-job; the
+    same command again gives byte for byte the output of an uninterrupted run."""
     rows = [{"id": i, "prompt": PROMPTS[i % len(PROMPTS)]} for i in range(16)]
     inp = write_input(tmp_path / "in.jsonl", rows)
     full, cut = tmp_path / "full.jsonl", tmp_path / "cut.jsonl"
@@ -96,19 +100,24 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path):
     argv = [sys.executable, "-m", "jax_specdec.cli", "batch", "--target", str(pair / "target")]
     argv += ["--draft", str(pair / "draft"), "--input", str(inp), "--output", str(cut)]
     argv += ["--max-new-tokens", "10", "--temperature", "1", "--seed", "3", *slots]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if cut.exists() and cut.read_text().count("\n") >= 4:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the job should have been killed mid-run"
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=300)[1]
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL, "the job should have been killed mid-run"
+    else:
+        assert proc.returncode == 130, err[-2000:]
+        assert err.strip().splitlines()[-1] == INTERRUPTED and "Traceback" not in err
     lines = cut.read_text().count("\n")
     assert 4 <= lines < 16
-    with open(cut, "a") as f:  # a torn last line, as a kill during a write leaves
-        f.write('{"id": 9, "seed": 1, "tok')
+    if sig == signal.SIGKILL:
+        with open(cut, "a") as f:  # a torn last line, as a kill during a write leaves
+            f.write('{"id": 9, "seed": 1, "tok')
     assert run(pair, inp, cut, *slots) == 0
     assert cut.read_text() == full.read_text()
     # Running it again finds every id finished and changes nothing.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import sys
 
 from jax_specdec.cli import common
@@ -65,24 +66,30 @@ def add_parser(sub) -> None:
 def _load(args):
     """(target, draft, tokenizer, eos, rows, errors), every flag checked."""
     from jax_specdec.batch import read_rows
+    from jax_specdec.decode.request import INT32_MAX
 
     for flag, value in (
         ("--slots", args.slots),
-        ("--rows-per-call", args.rows_per_call or 1),
+        ("--rows-per-call", 1 if args.rows_per_call is None else args.rows_per_call),
         ("--batch-size", args.batch_size),
         ("--num-draft-tokens", args.num_draft_tokens),
         ("--max-new-tokens", args.max_new_tokens),
     ):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    if not 0 <= args.seed < 2**63:
-        raise ValueError(f"--seed must lie in [0, 2**63), got {args.seed}")
+        if not 1 <= value <= INT32_MAX:
+            raise ValueError(f"{flag} must lie in [1, {INT32_MAX}], got {value}")
+    common.check_seed(args.seed)
     sampling = common.sampling(args)
     if not pathlib.Path(args.input).is_file():
         raise ValueError(f"--input: {args.input} is not a file")
     loaded = common.load_pair(args.target, args.draft)
     target, draft, tokenizer = loaded.target, loaded.draft, loaded.tokenizer
     eos = common.eos(args.eos, loaded)
+    max_len = context(target, None if args.autoregressive else draft)
+    if args.max_new_tokens >= max_len:
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "
+            f"models' context of {max_len} tokens"
+        )
     rows, errors = read_rows(
         args.input,
         tokenizer=tokenizer,
@@ -91,8 +98,19 @@ def _load(args):
         sampling=sampling,
         max_new_tokens=args.max_new_tokens,
         on_error=args.on_error,
+        max_len=max_len,
     )
     return target, draft, tokenizer, eos, rows, errors
+
+
+def context(target, draft) -> int:
+    """The most tokens (prompt and generated) one row may hold: the smallest max_len of
+    the target and of a draft that has one (a model or a feature head, not NGram)."""
+    lengths = [target.config.max_len]
+    draft_config = getattr(draft, "config", None)
+    if getattr(draft_config, "max_len", None) is not None:
+        lengths.append(draft_config.max_len)
+    return min(lengths)
 
 
 def _mesh(text: str | None):
@@ -132,7 +150,37 @@ def _job(args, eos) -> dict:
     }
 
 
+class _Interrupt:
+    """Ctrl-C during the job: a flag the job reads between calls (an exception raised
+    inside a JAX call can land in a callback whose exceptions Python drops, so the job
+    would run on); a second Ctrl-C stops the process at once (the output stays valid,
+    as after a kill)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        print("stopping after the current call (Ctrl-C again stops now)", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self._old)
+
+
+INTERRUPTED = "interrupted; run the same command again to resume"
+
+
 def run(args, parser) -> int:
+    with _Interrupt() as interrupt:
+        return _run(args, parser, interrupt)
+
+
+def _run(args, parser, interrupt) -> int:
     from jax_specdec.batch import JobError, make_generate, run_job
 
     try:
@@ -163,9 +211,14 @@ def run(args, parser) -> int:
             slots=None if args.fixed_batches else args.slots,
             rows_per_call=args.rows_per_call,
             detokenize=tokenizer.decode,
+            max_len=context(target, None if args.autoregressive else draft),
+            stop=lambda: interrupt.requested,
         )
     except (JobError, ValueError) as e:
         common.fail(parser, e)
+    if summary.pop("interrupted"):
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
     summary["bad_lines"] = len(errors)
     print(json.dumps(summary, indent=1))
     return 0
