@@ -20,7 +20,13 @@ import jax.numpy as jnp
 
 from jax_specdec.sampling import sample_with_uniforms
 
-__all__ = ["AcceptResult", "accept", "accept_with_noise", "RESIDUAL_FLOOR"]
+__all__ = [
+    "AcceptResult",
+    "accept",
+    "accept_block_with_noise",
+    "accept_with_noise",
+    "RESIDUAL_FLOOR",
+]
 
 # A residual max(0, p - q) with less mass than this is numerical noise (p == q up to
 # rounding); the correction then falls back to p. Rejection happens with probability
@@ -182,3 +188,58 @@ def accept(
             )
         num_drafted = jnp.clip(num_drafted, 0, gamma).astype(jnp.int32)
     return accept_with_noise(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted)
+
+
+def accept_block_with_noise(
+    uniforms: jax.Array,
+    draws: jax.Array,
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array | None,
+    target_probs: jax.Array,
+    num_drafted: jax.Array | None = None,
+) -> AcceptResult:
+    """Block verification (Sun et al. 2024, arXiv 2403.10444): the drafts are judged as a
+    block, so a prefix may be kept although a token-by-token test would have stopped
+    earlier. Same arguments, noise and result as `accept_with_noise`; exact, and never
+    fewer tokens kept on average.
+
+    With w_0 = 1 and w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), the residual after i
+    drafts is r_i = max(0, w_i p_{i+1} - q_{i+1}) with mass R_i. Test i passes when
+    u_i < h_i, h_i = R_i / (R_i + 1 - w_i) for i < n and h_n = w_n (n drafts); the row
+    keeps the longest passing prefix τ (0 if none) and draws the next token from
+    norm(r_τ), or from p_{n+1} when τ = n.
+    """
+    batch, gamma, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    p = target_probs.astype(jnp.float32)
+    x = draft_tokens.astype(jnp.int32)
+    q = jax.nn.one_hot(x, vocab, dtype=jnp.float32) if draft_probs is None else draft_probs
+    q = q.astype(jnp.float32)
+    n = jnp.full((batch,), gamma, jnp.int32) if num_drafted is None else num_drafted
+    p_x = jnp.take_along_axis(p[:, :gamma], x[..., None], axis=-1)[..., 0]
+    q_x = jnp.take_along_axis(q, x[..., None], axis=-1)[..., 0]
+    ratio = jnp.where(q_x > 0, p_x / jnp.where(q_x > 0, q_x, 1.0), 0.0)
+    weights, w = [jnp.ones((batch,), jnp.float32)], jnp.ones((batch,), jnp.float32)
+    for i in range(gamma):  # γ is small: unrolled
+        w = jnp.minimum(w * ratio[:, i], 1.0)
+        weights.append(w)
+    weights = jnp.stack(weights, axis=1)  # [B, γ + 1], w_0 … w_γ
+    # r_i for i = 0 … γ - 1 (the residual after i drafts, against q_{i+1}).
+    residuals = jnp.maximum(weights[:, :gamma, None] * p[:, :gamma] - q, 0.0)
+    mass = jnp.sum(residuals[:, 1:], axis=-1)  # R_1 … R_{γ-1}
+    denominator = mass + 1.0 - weights[:, 1:gamma]
+    h = jnp.where(denominator > 0, mass / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+    h = jnp.concatenate([h, jnp.zeros((batch, 1), jnp.float32)], axis=1)  # [B, γ]: h_1 … h_γ
+    at = jnp.arange(1, gamma + 1, dtype=jnp.int32)[None]
+    h = jnp.where(at == n[:, None], weights[:, 1:], h)  # h_n = w_n
+    passed = (uniforms.astype(jnp.float32) < h) & (at <= n[:, None])
+    kept = jnp.max(jnp.where(passed, at, 0), axis=1).astype(jnp.int32)
+    rows = jnp.arange(batch)
+    bonus = kept >= n
+    residual = jnp.where(
+        bonus[:, None],
+        p[rows, kept],
+        residuals[rows, jnp.minimum(kept, max(gamma - 1, 0))] if gamma else p[rows, kept],
+    )
+    degenerate = jnp.sum(residual, axis=-1, keepdims=True) < RESIDUAL_FLOOR
+    residual = jnp.where(degenerate, p[rows, kept], residual)
+    return AcceptResult(kept, sample_with_uniforms(draws, residual))

@@ -13,6 +13,7 @@ from helpers import (
     PROMPTS,
     VOCAB,
     chi_square_pvalue,
+    cli_refusal,
     copies_outside_entry,
     exact_sequence_probs,
     make_draft,
@@ -23,6 +24,7 @@ from helpers import (
 )
 
 from jax_specdec import Generator, NGram
+from jax_specdec.acceptance import accept_block_with_noise
 from jax_specdec.decode.drafter import DraftInputs
 from jax_specdec.decode.head_tree import candidates
 from jax_specdec.decode.ngram import trie
@@ -413,3 +415,23 @@ def test_a_tree_larger_than_the_head_builds_is_refused(target):
     head = make_head(target)
     with pytest.raises(ValueError, match=r"tree \(11 nodes\) is larger than a feature head builds"):
         Generator(target, head, schedule=3, tree=Tree(11, 3, branch=2))
+
+
+def test_a_chain_rule_with_a_tree_is_refused(target):
+    with pytest.raises(ValueError, match="accept_block_with_noise is a chain's rule"):
+        Generator(target, NGram(), schedule=3, tree=6, acceptance=accept_block_with_noise)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--tree", "0"], "--tree must be >= 1, got 0"),
+        (["--tree", "8", "--branch", "0"], "--branch must be >= 1, got 0"),
+        (["--tree", "2", "-k", "4"], "--tree (2 nodes) cannot reach the depth"),
+        (["--tree", "8", "--acceptance", "block"], "--acceptance block is for chains"),
+        (["--tree", "8"], "tree needs a drafter that builds trees"),
+    ],
+)
+def test_the_cli_refuses_bad_tree_flags_naming_them(argv, words, capsys):
+    err = cli_refusal(["generate", "x", "--max-new-tokens", "2", *argv], capsys)
+    assert words in err

@@ -162,6 +162,58 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_round_flags(parser: argparse.ArgumentParser) -> None:
+    """--tree, --branch and --acceptance: the shape of a round and its acceptance rule."""
+    parser.add_argument(
+        "--tree",
+        type=int,
+        default=None,
+        help="draft a token tree of this many nodes each round (its depth: the number of "
+        "draft tokens) and verify it in one target call; needs --draft ngram or a feature head",
+    )
+    parser.add_argument(
+        "--branch",
+        type=int,
+        default=4,
+        help="with --tree and a feature head: children expanded per node (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--acceptance",
+        choices=("token", "block"),
+        default="token",
+        help="a chain's acceptance rule: token by token, or block verification (keeps no "
+        "fewer tokens on average; both exact) (default: %(default)s)",
+    )
+
+
+def acceptance(args):
+    """--acceptance as the rule for `Generator(acceptance=...)` (None: the default)."""
+    if args.acceptance == "token":
+        return None
+    if getattr(args, "tree", None) is not None:
+        raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
+    from jax_specdec.acceptance import accept_block_with_noise
+
+    return accept_block_with_noise
+
+
+def tree(args, depth: int):
+    """--tree and --branch as a `Tree` of `depth` (None without --tree)."""
+    if args.tree is None:
+        return None
+    from jax_specdec.decode.tree import Tree
+
+    if args.tree < 1 or args.branch < 1:
+        bad = "--tree" if args.tree < 1 else "--branch"
+        raise ValueError(f"{bad} must be >= 1, got {getattr(args, bad[2:])}")
+    if args.tree < depth:
+        raise ValueError(
+            f"--tree ({args.tree} nodes) cannot reach the depth of the draft tokens ({depth}): "
+            "give at least that many nodes or fewer draft tokens"
+        )
+    return Tree(args.tree, depth, args.branch)
+
+
 def sampling(args):
     from jax_specdec.sampling import SamplingConfig
 

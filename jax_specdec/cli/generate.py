@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     )
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    common.add_round_flags(gen)
     common.add_sampling_flags(gen)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument(
@@ -68,7 +69,15 @@ def _generate(args, target, draft, ids, eos) -> dict:
     from jax_specdec.decode import Generator
 
     settings = dict(sampling=common.sampling(args), eos_token_id=eos)
-    spec = Generator(target, draft, num_draft_tokens=args.num_draft_tokens, **settings)
+    tree, rule = common.tree(args, args.num_draft_tokens), common.acceptance(args)
+    spec = Generator(
+        target,
+        draft,
+        num_draft_tokens=args.num_draft_tokens,
+        tree=tree,
+        acceptance=rule,
+        **settings,
+    )
     key = jax.random.wrap_key_data(seed_key_data(args.seed))  # jax.random.key below 2**32
     run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
     if not args.compare:
@@ -147,6 +156,8 @@ def run(args, parser) -> int:
 
     try:
         common.sampling(args)
+        common.tree(args, args.num_draft_tokens)
+        common.acceptance(args)
         common.check_seed(args.seed)
         prompts = _prompts(args)
         loaded = common.load_pair(args.target, args.draft)

@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_specdec.acceptance import accept_with_noise
+from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 GREEDY = SamplingConfig(temperature=0.0)
+CHAIN_RULES = (accept_with_noise, accept_block_with_noise)
 
 
 class ProgramArgs(NamedTuple):
@@ -158,6 +159,10 @@ class Generator:
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         if acceptance is None:
             acceptance = accept_with_noise if self.tree is None else accept_tree
+        elif self.tree is not None and acceptance in CHAIN_RULES:
+            raise ValueError(
+                f"acceptance {acceptance.__name__} is a chain's rule; tree rounds walk"
+            )
         if not callable(acceptance):
             raise TypeError(f"acceptance must be a function, got {type(acceptance).__name__}")
         self.acceptance = acceptance
