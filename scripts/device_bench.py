@@ -8,8 +8,10 @@ On a machine whose Python already has jax with CUDA (nothing else is installed h
 
 Measures, in bfloat16 (random weights; timings do not depend on their values):
 1. the step-cost table on a SmolLM2-135M-shaped model: decode calls of 1-8 tokens per row
-   at batch 1, 8 and 64 with the cache allocated for 256 and 4096 positions
-   (`jax_specdec.bench.decode_step_time`), against the bare weight matmuls;
+   (chains) and of 9, 17, 33 and 65 (the verify calls of trees of 8-64 nodes, whose
+   cost `jax_specdec.bench.roofline` predicts) at batch 1, 8 and 64 with the cache
+   allocated for 256 and 4096 positions (`jax_specdec.bench.decode_step_time`), against
+   the bare weight matmuls;
 2. speculative vs autoregressive tokens/s (public `speculative_generate` /
    `autoregressive_generate`, timed with `jax_specdec.bench.time_interleaved`) on the
    SmolLM2-shaped target with a 44M draft and with the n-gram proposer, and on a ~1B
@@ -43,7 +45,8 @@ from jax_specdec.bench import bare_matmul_time, decode_step_time, time_interleav
 from jax_specdec.nn import Transformer, TransformerConfig, attention
 
 FULL = dict(
-    tokens=(1, 5, 2, 3, 8, 4, 6, 7),  # the most telling first, in case the budget runs out
+    # the most telling first, in case the budget runs out; 9-65: tree rounds of 8-64 nodes
+    tokens=(1, 5, 2, 3, 8, 4, 9, 17, 33, 65, 6, 7),
     batches=(1, 8, 64),
     caches=((256, 192), (4096, 192), (4096, 3584)),  # (allocated, live context)
     gen_batches=(1, 8),
