@@ -172,7 +172,8 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     head.vocab_map.set_value(np.arange(64, dtype=np.int32) * 3)
     save_head(head, tmp_path / "head")
     out = tmp_path / "sweep"
-    table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys, ["--explore", "1"])
+    extra = ["--explore", "1", "--trees", "4:2:2"]
+    table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys, extra)
     names = {r["schedule"] for r in results["rows"]}
     assert names == {
         "autoregressive",
@@ -181,6 +182,7 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
         "cost_model",
         "cost_model_explore",
         "ngram",
+        "tree 4:2:2",
     }
     assert results["settings"]["explore"] == 1.0 and "exploring (mean γ)" in table
     assert all(r.get("same_tokens_as_autoregressive", True) for r in results["rows"])
@@ -199,6 +201,8 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
         (["--threshold", "2"], "--threshold"),
         (["--explore", "-1"], "--explore"),
         (["--explore", "nan"], "--explore"),
+        (["--trees", "4:5:2"], "--trees"),
+        (["--trees", "8:2:2"], "--trees needs a feature head"),
         (["--target", "/nonexistent"], "nonexistent"),
         (["--prompts", "/nonexistent.txt"], "nonexistent"),
     ],

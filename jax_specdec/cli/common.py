@@ -186,6 +186,19 @@ def add_round_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def trees(text: str) -> list:
+    """--trees: a comma-separated list of NODES:DEPTH:BRANCH as `Tree`s."""
+    from jax_specdec.decode.tree import Tree
+
+    out = []
+    for item in filter(None, text.split(",")):
+        try:
+            out.append(Tree(*(int(v) for v in item.split(":"))))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"--trees: {item!r} is not NODES:DEPTH:BRANCH ({e})") from None
+    return out
+
+
 def acceptance(args):
     """--acceptance as the rule for `Generator(acceptance=...)` (None: the default)."""
     if args.acceptance == "token":

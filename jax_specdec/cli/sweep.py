@@ -34,12 +34,18 @@ def add_parser(sub) -> None:
         default=0.0,
         help="also time the cost model planning this many posterior sds above its α (0: not)",
     )
+    sw.add_argument(
+        "--trees",
+        default="",
+        help="also time token trees NODES:DEPTH:BRANCH (comma-separated; the draft a feature head)",
+    )
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="sweep", help="output directory (default: ./sweep)")
     sw.set_defaults(handler=run, parser=sw)
 
 
 def _check(args) -> None:
+    args.trees = common.trees(args.trees)
     if not args.batches or min(args.batches) < 1:
         raise ValueError(f"--batches must be positive integers, got {args.batches}")
     if not args.gammas or min(args.gammas) < 1:
@@ -65,6 +71,10 @@ def run(args, parser) -> int:
         _check(args)
         prompts = common.read_prompts(args.prompts)
         target, draft, tokenizer, _ = common.load_pair(args.target, args.draft)
+        if args.trees and not hasattr(draft, "head"):
+            raise ValueError(
+                "--trees needs a feature head as --draft (a draft model drafts chains)"
+            )
     except (ValueError, OSError) as e:
         common.fail(parser, e)
     from jax_specdec.sweep import markdown_summary, run_sweep, write_report
@@ -83,6 +93,7 @@ def run(args, parser) -> int:
         seed=args.seed,
         min_rows=args.min_rows,
         explore=args.explore,
+        trees=args.trees,
     )
     results["models"] = {"target": str(args.target), "draft": str(args.draft)}
     paths = write_report(results, pathlib.Path(args.out))

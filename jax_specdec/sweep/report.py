@@ -54,6 +54,7 @@ def markdown_summary(results: dict) -> str:
     settings = summary(results)
     # The sweep times the exploring cost model in every setting or in none.
     explore = settings[0]["cost_model_explore"] is not None
+    trees = sorted({r["schedule"] for r in results["rows"] if r["schedule"].startswith("tree")})
     rows = []
     for s in settings:
         row = [
@@ -67,7 +68,7 @@ def markdown_summary(results: dict) -> str:
         ]
         if explore:
             row.append(f"{s['cost_model_explore']:.2f} ({s['cost_model_explore_mean_gamma']:.1f})")
-        rows.append([*row, f"{s['ngram']:.2f}"])
+        rows.append([*row, f"{s['ngram']:.2f}", *_tree_cells(results, s, trees)])
     header = [
         "batch",
         "T",
@@ -78,6 +79,7 @@ def markdown_summary(results: dict) -> str:
         "cost model (mean γ)",
         *(["exploring (mean γ)"] if explore else []),
         "n-gram",
+        *(f"{name} (tokens/round)" for name in trees),
     ]
     switch = [[s["batch"], f"{s['dynamic_over_constant']:.3f}"] for s in results["switch"]]
     return (
@@ -85,6 +87,21 @@ def markdown_summary(results: dict) -> str:
         + "\n\n"
         + markdown_table(["batch", "dynamic γ=2 round / constant γ=2 round"], switch)
     )
+
+
+def _tree_cells(results: dict, setting: dict, trees: list[str]) -> list[str]:
+    """Each tree's speedup and tokens per round at the setting's batch and temperature."""
+    cells = []
+    for name in trees:
+        (row,) = [
+            r
+            for r in results["rows"]
+            if r["schedule"] == name
+            and r["batch"] == setting["batch"]
+            and r["temperature"] == setting["temperature"]
+        ]
+        cells.append(f"{row['speedup']:.2f} ({row['tokens_per_round']:.2f})")
+    return cells
 
 
 def write_report(results: dict, out_dir) -> list[pathlib.Path]:
@@ -190,7 +207,7 @@ def _speedup_plot(results, plt):
 def _predicted_plot(results, plt):
     """Measured vs predicted speedup."""
     fig, ax = plt.subplots(figsize=(4.8, 4.5))
-    spec = [r for r in results["rows"] if r["schedule"] != "autoregressive"]
+    spec = [r for r in results["rows"] if r.get("predicted_speedup") is not None]
     for name in ("constant", *_MARKERS):
         rs = [r for r in spec if r["schedule"] == name]
         predicted, measured = [r["predicted_speedup"] for r in rs], [r["speedup"] for r in rs]

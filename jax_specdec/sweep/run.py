@@ -30,6 +30,7 @@ from jax_specdec.bench import (
 )
 from jax_specdec.decode import GenerationStats, Generator, NGram
 from jax_specdec.decode.head_drafter import AttachedHead
+from jax_specdec.decode.tree import Tree
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import (
@@ -112,6 +113,13 @@ def _schedules(gammas, max_gamma, threshold, cost_model, draft, explore: float):
     return [r for r in rows if r[0] not in skip]
 
 
+def _generator(target, draft, ngram, schedule, sampling) -> Generator:
+    """A setting's generator; a `Tree` setting drafts trees of its depth."""
+    if isinstance(schedule, Tree):
+        return Generator(target, draft, schedule=schedule.depth, tree=schedule, sampling=sampling)
+    return Generator(target, NGram() if ngram else draft, schedule=schedule, sampling=sampling)
+
+
 def _row(name, gamma, ngram, out: _Run, ar: _Run, cost, parts) -> dict:
     """One schedule's figures, with the speedup predicted from the calibrated costs and
     the rounds this run made (the draft's costs count only where a draft model ran)."""
@@ -174,17 +182,19 @@ def _temperature(target, draft, groups, temperature, parts, sweep: dict) -> tupl
     settings = _schedules(
         sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost, draft, sweep["explore"]
     )
+    trees = [Tree(**t) for t in sweep["trees"]]
+    settings += [(f"tree {t.nodes}:{t.depth}:{t.branch}", None, False, t) for t in trees]
     generators = [Generator(target, sampling=sampling)]
-    generators += [
-        Generator(target, NGram() if ngram else draft, schedule=schedule, sampling=sampling)
-        for _, _, ngram, schedule in settings
-    ]
+    generators += [_generator(target, draft, *setting[2:], sampling) for setting in settings]
     key = jax.random.key(sweep["seed"])
     ar, *outs = _run_interleaved(generators, groups, key, n, sweep["repeats"])
     rows = [
         _row(name, gamma, ngram, out, ar, cost, parts)
         for (name, gamma, ngram, _), out in zip(settings, outs, strict=True)
     ]
+    for row, (_, _, _, schedule) in zip(rows, settings, strict=True):
+        if isinstance(schedule, Tree):  # the calibration holds chains' rounds only
+            row["predicted_speedup"] = None
     rows.append(
         {
             "schedule": "autoregressive",
@@ -230,6 +240,7 @@ def run_sweep(
     seed: int = 0,
     min_rows: int = 8,
     explore: float = 0.0,
+    trees=(),
     progress: bool = True,
 ) -> dict:
     """Times every schedule against autoregressive decoding; see the module docstring.
@@ -238,7 +249,8 @@ def run_sweep(
     no confidence schedule). Rows of a batch cycle through `prompts`; batches smaller
     than `min_rows` are run on several prompt groups (batch 1 on `min_rows` prompts)
     and their times summed. `explore` > 0 also times the cost model with
-    `CostModel.explore` set to it, interleaved with the rest.
+    `CostModel.explore` set to it, interleaved with the rest; each of `trees` (a
+    `decode.tree.Tree`; the draft a feature head) is timed as one more setting.
     Returns a dict with the settings, one row per (batch, temperature, schedule) and
     the γ = 2 switch check per batch.
     """
@@ -262,6 +274,7 @@ def run_sweep(
         "min_rows": min_rows,
         "seed": seed,
         "explore": explore,
+        "trees": [dataclasses.asdict(t) for t in trees],
     }
     results = {
         "target": dataclasses.asdict(target.config),
