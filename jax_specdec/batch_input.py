@@ -138,6 +138,8 @@ def read_rows(
     rows, errors, seen = [], [], {}
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1:  # a byte order mark, as some Windows editors write
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
             text = raw.decode("utf-8", errors="replace")
             if not text.strip():
                 continue

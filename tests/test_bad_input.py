@@ -304,3 +304,41 @@ def test_tokenizer_mismatch_with_a_gguf_draft_names_the_file(pair, tmp_path, cap
     argv = ["generate", "x", "--target", str(pair / "target"), "--draft", str(draft)]
     err = one_line(cli_refusal(argv, capsys))
     assert f"the draft's tokenizer ({draft}) differs from the target's" in err
+
+
+# ------------------------------------------------------- found by the sweep
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--output", "/nonexistent/dir/out.jsonl"], "--output: the directory /nonexistent/dir"),
+        (["--output", "/"], "--output: / is a directory"),
+        (["--errors", "/"], "--errors: / is a directory"),
+        (["--mesh", "0x1"], "each axis needs at least one device"),
+        (["-k", "500"], "--num-draft-tokens 500 must be below the models' context of 128"),
+    ],
+    ids=["output-dir-missing", "output-is-dir", "errors-is-dir", "mesh-0", "gamma"],
+)
+def test_batch_flags_found_by_the_sweep(pair, tmp_path, capsys, extra, match):
+    """A missing output directory used to fail after the first call, with a traceback; a
+    --mesh axis of 0 was an IndexError; a γ past the context compiled without end."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": 1, "prompt": "a"}\n')
+    assert match in one_line(cli_refusal([*batch_argv(pair, inp, tmp_path / "o"), *extra], capsys))
+
+
+def test_generate_draft_length_past_the_context_is_refused(pair, capsys):
+    argv = ["generate", "x", *model_args(pair), "-k", "100000", "--max-new-tokens", "3"]
+    assert "--num-draft-tokens 100000 must be below" in one_line(cli_refusal(argv, capsys))
+
+
+def test_a_byte_order_mark_starts_a_batch_input(tmp_path):
+    from jax_specdec.batch import read_rows
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b'\xef\xbb\xbf{"id": 1, "tokens": [1, 2]}\n')
+    rows, _ = read_rows(
+        inp, tokenizer=None, vocab_size=9, job_seed=0, sampling=SamplingConfig(), max_new_tokens=2
+    )
+    assert [r.tokens for r in rows] == [(1, 2)]

@@ -81,10 +81,15 @@ def _load(args):
     sampling = common.sampling(args)
     if not pathlib.Path(args.input).is_file():
         raise ValueError(f"--input: {args.input} is not a file")
+    _check_writable("--output", pathlib.Path(args.output))
+    if args.errors is not None:
+        _check_writable("--errors", pathlib.Path(args.errors))
     loaded = common.load_pair(args.target, args.draft)
     target, draft, tokenizer = loaded.target, loaded.draft, loaded.tokenizer
     eos = common.eos(args.eos, loaded)
-    max_len = context(target, None if args.autoregressive else draft)
+    max_len = common.context(target, None if args.autoregressive else draft)
+    if not args.autoregressive:
+        common.check_draft_length(args.num_draft_tokens, max_len)
     if args.max_new_tokens >= max_len:
         raise ValueError(
             f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "
@@ -103,14 +108,12 @@ def _load(args):
     return target, draft, tokenizer, eos, rows, errors
 
 
-def context(target, draft) -> int:
-    """The most tokens (prompt and generated) one row may hold: the smallest max_len of
-    the target and of a draft that has one (a model or a feature head, not NGram)."""
-    lengths = [target.config.max_len]
-    draft_config = getattr(draft, "config", None)
-    if getattr(draft_config, "max_len", None) is not None:
-        lengths.append(draft_config.max_len)
-    return min(lengths)
+def _check_writable(flag: str, path: pathlib.Path) -> None:
+    """A file the job will write: not a directory, in a directory that exists."""
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give a file in it")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag}: the directory {path.parent} does not exist")
 
 
 def _mesh(text: str | None):
@@ -120,6 +123,8 @@ def _mesh(text: str | None):
         return None
     try:
         data, model = (int(x) for x in text.lower().split("x"))
+        if data < 1 or model < 1:
+            raise ValueError("each axis needs at least one device")
         return jax.make_mesh((data, model), ("data", "model"))
     except ValueError as e:
         raise ValueError(
@@ -211,10 +216,10 @@ def _run(args, parser, interrupt) -> int:
             slots=None if args.fixed_batches else args.slots,
             rows_per_call=args.rows_per_call,
             detokenize=tokenizer.decode,
-            max_len=context(target, None if args.autoregressive else draft),
+            max_len=common.context(target, None if args.autoregressive else draft),
             stop=lambda: interrupt.requested,
         )
-    except (JobError, ValueError) as e:
+    except (JobError, ValueError, OSError) as e:  # OSError: a full disk, say
         common.fail(parser, e)
     if summary.pop("interrupted"):
         print(INTERRUPTED, file=sys.stderr)

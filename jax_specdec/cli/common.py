@@ -142,6 +142,26 @@ def load_pair(target: str, draft: str) -> Loaded:
     )
 
 
+def context(target, draft) -> int:
+    """The most tokens (prompt and generated) one row may hold: the smallest max_len of
+    the target and of a draft that has one (a model or a feature head, not NGram)."""
+    lengths = [target.config.max_len]
+    draft_config = getattr(draft, "config", None)
+    if getattr(draft_config, "max_len", None) is not None:
+        lengths.append(draft_config.max_len)
+    return min(lengths)
+
+
+def check_draft_length(num_draft_tokens: int, max_len: int) -> None:
+    """--num-draft-tokens below the models' context (each draft length up to it is a
+    branch of the compiled round: a γ past the context would compile without end)."""
+    if num_draft_tokens >= max_len:
+        raise ValueError(
+            f"--num-draft-tokens {num_draft_tokens} must be below the models' context of "
+            f"{max_len} tokens"
+        )
+
+
 def config_from_args(cls, args, **values):
     """The dataclass `cls` with each field read from the flag of the same name in `args`
     (fields without a flag keep their default); `values` set the rest by hand."""

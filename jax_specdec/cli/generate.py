@@ -161,6 +161,9 @@ def run(args, parser) -> int:
         common.check_seed(args.seed)
         prompts = _prompts(args)
         loaded = common.load_pair(args.target, args.draft)
+        common.check_draft_length(
+            args.num_draft_tokens, common.context(loaded.target, loaded.draft)
+        )
         tokenizer = loaded.tokenizer
         ids = [tokenizer.encode(p).ids for p in prompts]
         result = _generate(args, loaded.target, loaded.draft, ids, common.eos(args.eos, loaded))
