@@ -3,6 +3,7 @@ n-gram trie, greedy equality with autoregressive decoding, and the enumerated
 exactness test over tree shapes and sampling settings (a wrong rule fails it)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,7 @@ from jax_specdec.decode.tree import (
     target_tokens,
     walk,
 )
+from jax_specdec.decode.tree_accept import accept_rsd, draw_children, static_shape
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Heuristic
 
@@ -78,6 +80,36 @@ class FixedTree(NGram):
         return TreeProposal(tokens.astype(jnp.int32), parent, valid, jnp.zeros((batch,), bool))
 
 
+Q_FIXED = (0.3, 0.05, 0.25, 0.1, 0.2, 0.1)  # the sampled stub's q, at every node
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledTree(NGram):
+    """A stub drafter: a tree of the given shape whose children are drawn without
+    replacement from Q_FIXED with the round's draft keys, q carried for RSD."""
+
+    parents: tuple = ()
+
+    def prepare(self, model, cache, inputs, config):
+        return None, None, None
+
+    def propose_tree(self, model, cache, inputs, prepared, tree, config):
+        batch, n = inputs.lengths.shape[0], len(self.parents)
+        q = jnp.broadcast_to(jnp.asarray(Q_FIXED, jnp.float32), (batch, VOCAB))
+        tokens, valid = [None] * n, [None] * n
+        for u in range(n + 1):
+            kids = [v for v in range(n) if self.parents[v] == u]
+            if kids:
+                keys = jax.vmap(jax.random.fold_in)(inputs.keys[:, 0], jnp.full(batch, u))
+                drawn, ok = draw_children(keys, q, len(kids))
+                for j, v in enumerate(kids):
+                    tokens[v], valid[v] = drawn[:, j], ok[:, j]
+        parent = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, n))
+        probs = jnp.broadcast_to(q[:, None], (batch, n + 1, VOCAB))
+        bad = jnp.zeros((batch,), bool)
+        return TreeProposal(jnp.stack(tokens, 1), parent, jnp.stack(valid, 1), bad, probs)
+
+
 def fixed(shape: str):
     parents = SHAPES[shape]
     return FixedTree(parents=parents), Tree(len(parents), _depth(parents))
@@ -85,11 +117,18 @@ def fixed(shape: str):
 
 # ---------------------------------------------------------------- structure
 
+# Compiled once each (called eagerly, every operation would be a program of its own).
+_ancestors = jax.jit(ancestors, static_argnums=1)
+_depths = jax.jit(depths)
+_walk = jax.jit(walk, static_argnums=2)
+_trie = jax.jit(trie, static_argnums=2)
+_target_tokens = jax.jit(target_tokens, static_argnums=2)
+
 
 def test_ancestors_and_depths_of_a_known_tree():
     parent = jnp.asarray([SHAPES["tree7"]], jnp.int32)
-    mask = np.asarray(ancestors(parent, 3))[0]
-    assert np.asarray(depths(jnp.asarray(mask[None])))[0].tolist() == [0, 1, 1, 2, 2, 2, 3, 3]
+    mask = np.asarray(_ancestors(parent, 3))[0]
+    assert np.asarray(_depths(jnp.asarray(mask[None])))[0].tolist() == [0, 1, 1, 2, 2, 2, 3, 3]
     assert np.flatnonzero(mask[7]).tolist() == [0, 1, 4, 7]  # 7 -> 4 -> 1 -> root
     assert np.flatnonzero(mask[5]).tolist() == [0, 2, 5]
     assert mask.sum() == 1 + 2 + 2 + 3 + 3 + 3 + 4 + 4  # itself and its ancestors (depth + 1)
@@ -113,8 +152,8 @@ def test_walk_matches_a_numpy_reference():
     parent = np.zeros((batch, n), np.int32)
     for v in range(1, n):  # a random tree: node v+1 hangs under a node before it
         parent[:, v] = rng.integers(0, v + 1, size=batch)
-    mask = np.asarray(ancestors(jnp.asarray(parent), n))
-    too_deep = np.asarray(depths(jnp.asarray(mask)))[:, 1:] > depth
+    mask = np.asarray(_ancestors(jnp.asarray(parent), n))
+    too_deep = np.asarray(_depths(jnp.asarray(mask)))[:, 1:] > depth
     valid = (rng.random((batch, n)) < 0.9) & ~too_deep
     for v in range(n):  # a valid node's parent is valid
         valid[:, v] &= (parent[:, v] == 0) | valid[
@@ -123,15 +162,16 @@ def test_walk_matches_a_numpy_reference():
     tokens = rng.integers(0, vocab, size=(batch, n)).astype(np.int32)
     y = rng.integers(0, vocab, size=(batch, n + 1)).astype(np.int32)
     proposal = TreeProposal(*map(jnp.asarray, (tokens, parent, valid)), jnp.zeros(batch, bool))
-    got = walk(proposal, jnp.asarray(y), depth)
+    got = _walk(proposal, jnp.asarray(y), depth)
     assert isinstance(got, TreeWalk)
+    got = TreeWalk(*map(np.asarray, got))
     lengths = []
     for b in range(batch):
         path, emitted = _walk_reference(tokens[b], parent[b], valid[b], y[b], depth)
         a = int(got.accepted[b])
         assert a == len(path) - 1
-        assert np.asarray(got.path[b, : a + 1]).tolist() == path
-        assert np.asarray(got.emitted[b, : a + 1]).tolist() == emitted
+        assert got.path[b, : a + 1].tolist() == path
+        assert got.emitted[b, : a + 1].tolist() == emitted
         lengths.append(a)
     assert max(lengths) >= 2  # the random trees are walked deep enough to test something
 
@@ -139,19 +179,19 @@ def test_walk_matches_a_numpy_reference():
 def test_target_tokens_draw_each_node_from_its_own_p():
     logits = jnp.log(jnp.asarray([[[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]]]))
     draws = jnp.asarray([[0.6, 0.1]])
-    y = target_tokens(logits, draws, SamplingConfig(1.0))
+    y = _target_tokens(logits, draws, SamplingConfig(1.0))
     assert np.asarray(y).tolist() == [[1, 1]]  # inverse CDF: 0.6 -> 1; 0.1 -> 1
-    assert np.asarray(target_tokens(logits, draws, SamplingConfig(0.0))).tolist() == [[0, 2]]
+    assert np.asarray(_target_tokens(logits, draws, SamplingConfig(0.0))).tolist() == [[0, 2]]
 
 
 def test_trie_merges_shared_prefixes_and_cuts_at_its_size():
     seqs = jnp.asarray([[[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]]], jnp.int32)
     lengths = jnp.asarray([[3, 3, 2, 1]], jnp.int32)
-    tokens, parent, valid = map(np.asarray, trie(seqs, lengths, 8))
+    tokens, parent, valid = map(np.asarray, _trie(seqs, lengths, 8))
     assert tokens[0, :6].tolist() == [1, 2, 3, 4, 5, 7]
     assert parent[0, :6].tolist() == [0, 1, 2, 2, 1, 0]
     assert valid[0].tolist() == [True] * 6 + [False] * 2
-    tokens, parent, valid = map(np.asarray, trie(seqs, lengths, 4))
+    tokens, parent, valid = map(np.asarray, _trie(seqs, lengths, 4))
     assert tokens[0].tolist() == [1, 2, 3, 4] and valid[0].all()
 
 
@@ -160,8 +200,8 @@ def test_ngram_matches_start_with_the_lookup_proposal():
     tokens = jnp.asarray(rng.integers(0, 4, size=(32, 40)), jnp.int32)
     lengths = jnp.asarray(rng.integers(2, 40, size=32), jnp.int32)
     ngram = NGram(3, 1)
-    proposed, count = ngram.lookup(tokens, lengths, 4)
-    found, found_len = ngram.matches(tokens, lengths, 5, 4)
+    proposed, count = jax.jit(ngram.lookup, static_argnums=2)(tokens, lengths, 4)
+    found, found_len = jax.jit(ngram.matches, static_argnums=(2, 3))(tokens, lengths, 5, 4)
     np.testing.assert_array_equal(np.asarray(found_len[:, 0]), np.asarray(count))
     keep = np.arange(4)[None] < np.asarray(count)[:, None]
     np.testing.assert_array_equal(
@@ -222,6 +262,64 @@ def test_tree_samples_follow_the_target(target, name):
         assert pvalue > 1e-3
 
 
+RSD = {
+    "star3_t1": ("star3", SamplingConfig(1.0), None),
+    "tree7_t0.7_topp0.8": ("tree7", SamplingConfig(0.7, top_p=0.8), 2),
+    "path3_t1_topk3": ("path3", SamplingConfig(1.0, top_k=3), None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RSD))
+def test_sampled_tree_samples_follow_the_target(target, name):
+    shape, sampling, eos = RSD[name]
+    tree = fixed(shape)[1]
+    drafter = SampledTree(parents=SHAPES[shape])
+    seqs, stats = _tree_samples(target, drafter, tree, sampling, eos, seed=len(name) + 50)
+    assert 0.05 < stats.acceptance_rate < 0.95
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(f"\nRSD-EXACTNESS {name} prompt{which}: chi2_pvalue={pvalue:.3g}")
+        assert pvalue > 1e-3
+
+
+def _unnormalised(p, q, x, rows):
+    """A wrong rejection: the residual max(0, p - q) left unnormalised."""
+    q = q.at[rows, x].set(0.0)
+    return jnp.maximum(p - q, 0.0), q / q.sum(-1, keepdims=True)
+
+
+WRONG_RSD = functools.partial(accept_rsd, reject=_unnormalised)
+
+
+@pytest.mark.slow
+def test_a_wrong_sibling_rule_fails_the_same_test(target):
+    drafter, tree = SampledTree(parents=SHAPES["star3"]), fixed("star3")[1]
+    sampling = SamplingConfig(1.0)
+    seqs, _ = _tree_samples(target, drafter, tree, sampling, None, seed=0, acceptance=WRONG_RSD)
+    assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
+
+
+@pytest.mark.slow
+def test_a_heads_sampled_tree_samples_follow_the_target(target):
+    head = make_head(target, seed=3, scale=0.5)
+    sampling = SamplingConfig(1.0)
+    seqs, stats = _tree_samples(target, head, Tree(6, 3, 2), sampling, None, seed=5)
+    assert stats.accepted.sum() > 0
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, None)
+        assert chi_square_pvalue(seqs[which::2], exact) > 1e-3
+
+
+def test_static_shapes_grow_where_the_walk_goes():
+    assert static_shape(8, 6, 2) == (0, 1, 2, 3, 0, 4, 1, 5)
+    assert static_shape(3, 1, 4) == (0, 0, 0)  # depth 1: a star
+    assert static_shape(3, 3, 1) == (0, 1, 2)  # branch 1: a chain
+    with pytest.raises(ValueError, match="holds fewer than 4 nodes"):
+        static_shape(4, 1, 3)
+
+
 @pytest.mark.slow
 def test_ngram_tree_samples_follow_the_target(target):
     sampling = SamplingConfig(1.0, top_k=4)
@@ -235,7 +333,7 @@ def test_ngram_tree_samples_follow_the_target(target):
 def shared_noise_walk(logits, draws, proposal, sampling, depth):
     """A wrong rule: every node's token drawn with the root's noise (a child accepted
     without noise of its own)."""
-    same = jnp.broadcast_to(draws[:, :1], draws.shape)
+    same = jnp.broadcast_to(draws[:, :1, 0], draws.shape[:2])
     return walk(proposal, target_tokens(logits, same, sampling), depth)
 
 

@@ -28,7 +28,8 @@ from jax_specdec.decode.request import (
     queue_rows,
 )
 from jax_specdec.decode.stats import GenerationOutput, take_rows
-from jax_specdec.decode.tree import Tree, accept_tree, as_tree
+from jax_specdec.decode.tree import Tree, as_tree
+from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
@@ -114,7 +115,7 @@ class Generator:
         caches' heads over model; still one program (also under `jax.distributed`).
       acceptance: the acceptance rule, a static part of the program: a function with the
         signature of `jax_specdec.acceptance.accept_with_noise` (with `tree`: of
-        `decode.tree.accept_tree`); None: the exact rule. Another rule is for showing
+        `decode.tree_accept.accept_tree`); None: the exact rule. Another rule is for showing
         that the exactness tests catch a wrong one.
       tree: draft a token tree each round and verify it in one target call
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a

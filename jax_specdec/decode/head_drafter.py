@@ -35,7 +35,6 @@ from jax_specdec.decode.stats import nonfinite
 from jax_specdec.io.heads import load_head, tokenizer_sha256
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head"]
 
@@ -136,7 +135,8 @@ class HeadDrafter:
         self, model: AttachedHead, cache: FeatureCache, inputs, prepared, tree, config
     ):
         """The round's tree (`decode.head_tree`), on a read-only cache."""
-        return head_tree.propose_tree(model, cache, prepared, tree, config)
+        keys = None if config.sampling.greedy else inputs.keys[:, 0]
+        return head_tree.propose_tree(model, cache, prepared, tree, keys, config)
 
     def check_tree(self, tree):
         """Refuses a tree of more nodes than the head drafts candidates for it."""
@@ -239,8 +239,5 @@ class _Prepared(struct.PyTreeNode):
 def _draft(model: AttachedHead, logits, key, config):
     """Kept-token logits [B, K] -> (token [B], q [B, V], NaN flag [B]): q is the softmax
     over the kept tokens after the sampling transforms, zero elsewhere."""
-    ids = model.head.vocab_map[...]
-    full = jnp.full((logits.shape[0], config.vocab_size), -jnp.inf, jnp.float32)
-    full = full.at[:, ids].set(logits, unique_indices=True)
-    q = probs_from_logits(full, config.sampling)
+    full, q = head_tree.kept_probs(model, logits, config)
     return choose(key, full, q, config.sampling), q, nonfinite(logits)

@@ -23,8 +23,10 @@ import jax.numpy as jnp
 
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.tree import Tree, TreeProposal
+from jax_specdec.decode.tree_accept import draw_children, static_shape
+from jax_specdec.sampling import probs_from_logits
 
-__all__ = ["best_nodes", "candidates", "capacity", "propose_tree"]
+__all__ = ["best_nodes", "candidates", "capacity", "kept_probs", "propose_tree", "sampled_tree"]
 
 
 def capacity(tree: Tree) -> int:
@@ -37,14 +39,98 @@ def _top(logits, k: int):
     return jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
 
 
-def propose_tree(model, cache, prepared, tree: Tree, config) -> TreeProposal:
-    """The head's tree of `tree.nodes` nodes for every row (see the module docstring).
+def propose_tree(model, cache, prepared, tree: Tree, keys, config) -> TreeProposal:
+    """The head's tree of `tree.nodes` nodes for every row: EAGLE-2's (see the module
+    docstring), or with sampling and unless `tree.sampled` is False a sampled tree of
+    static shape (`sampled_tree`).
 
-    `cache` is the drafter's `FeatureCache` and `prepared` its `prepare` output (the
+    `cache` is the drafter's `FeatureCache`, `prepared` its `prepare` output (the
     round's chunk of entries, the head's prediction at the pending position and its
-    kept-token logits)."""
+    kept-token logits) and `keys` [B] one drafting key per row."""
+    if tree.sampled or (tree.sampled is None and not config.sampling.greedy):
+        return sampled_tree(model, cache, prepared, tree, keys, config)
     scores, tokens, parents, bad = candidates(model, cache, prepared, tree)
     return TreeProposal(*best_nodes(scores, tokens, parents, tree), bad)
+
+
+def kept_probs(model, logits, config):
+    """Kept-token logits [..., K] -> q [..., V]: the softmax over the kept tokens after the
+    target's sampling transforms, zero elsewhere."""
+    ids = model.head.vocab_map[...]
+    full = jnp.full((*logits.shape[:-1], config.vocab_size), -jnp.inf, jnp.float32)
+    full = full.at[..., ids].set(logits.astype(jnp.float32), unique_indices=True)
+    return full, probs_from_logits(full, config.sampling)
+
+
+def sampled_tree(model, cache, prepared, tree: Tree, keys, config) -> TreeProposal:
+    """A tree of `tree_accept.static_shape`: each node's children drawn without
+    replacement from the head's q there (its kept tokens after the sampling transforms),
+    level by level, each level's inner nodes in one head call; q at every node is
+    returned for the acceptance (`tree_accept.accept_rsd`)."""
+    parent = static_shape(tree.nodes, tree.depth, tree.branch)
+    level = [0]
+    for u in parent:
+        level.append(level[u] + 1)
+    kids = [[v for v in range(1, tree.nodes + 1) if parent[v - 1] == u] for u in range(len(level))]
+    p, batch = prepared, prepared.logits.shape[0]
+    tokens = [None] * (tree.nodes + 1)
+    probs = [None] * (tree.nodes + 1)
+    predicted = {0: p.predicted}  # each inner node's predicted feature [B, 1, D]
+    bad = p.bad
+
+    def expand(u, q):
+        probs[u] = q
+        if kids[u]:
+            key = jax.vmap(jax.random.fold_in)(keys, jnp.full((batch,), u, jnp.int32))
+            drawn, _ = draw_children(key, q, len(kids[u]))
+            for j, v in enumerate(kids[u]):
+                tokens[v] = drawn[:, j]
+
+    expand(0, kept_probs(model, p.logits, config)[1])
+    chunk_valid = jnp.arange(cache.features.shape[1])[None] < cache.count[:, None]
+    recent = [(p.keys, p.values, chunk_valid)]
+    earlier = []  # (keys, values, nodes) of each level's inner nodes
+    start = cache.kv.lengths + cache.count  # L, level 1's position
+    for depth in range(1, tree.depth):
+        inner = [v for v in range(1, tree.nodes + 1) if level[v] == depth and kids[v]]
+        if not inner:
+            break
+        parts = [
+            (k, v, jnp.asarray([[_is_ancestor(parent, w, x) for w in nodes] for x in inner])[None])
+            for k, v, nodes in earlier
+        ]
+        feats, keys_, values = model.head.decode_entries(
+            jnp.concatenate([predicted[parent[v - 1]] for v in inner], axis=1),
+            jnp.stack([tokens[v] for v in inner], axis=1),
+            model.embed[...],
+            cache.kv,
+            jnp.broadcast_to((start + depth - 1)[:, None], (batch, len(inner))),
+            recent + parts,
+            own=jnp.eye(len(inner), dtype=bool)[None],
+        )
+        full, q = kept_probs(model, model.head.logits(feats), config)
+        bad = bad | nonfinite(full.reshape(batch, -1))
+        for i, v in enumerate(inner):
+            predicted[v] = feats[:, i : i + 1]
+            expand(v, q[:, i])
+        earlier.append((keys_, values, inner))
+    zeros = jnp.zeros_like(probs[0])
+    return TreeProposal(
+        jnp.stack(tokens[1:], axis=1),
+        jnp.broadcast_to(jnp.asarray(parent, jnp.int32), (batch, tree.nodes)),
+        jnp.ones((batch, tree.nodes), bool),
+        bad,
+        jnp.stack([zeros if q is None else q for q in probs], axis=1),
+    )
+
+
+def _is_ancestor(parent, w: int, v: int) -> bool:
+    """Whether node w is an ancestor of node v (nodes numbered from 1, 0 the root)."""
+    while v:
+        v = parent[v - 1]
+        if v == w:
+            return True
+    return False
 
 
 def candidates(model, cache, prepared, tree: Tree):

@@ -27,6 +27,7 @@ from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample_with_
 
 __all__ = [
     "Tree",
+    "as_tree",
     "TreeProposal",
     "TreeWalk",
     "ancestors",
@@ -45,19 +46,25 @@ class Tree:
     Attributes:
       nodes: N, drafted tokens per round (the verify call scores N + 1 tokens).
       depth: D, the longest path below the root (tokens accepted per round at most).
-      branch: k, children a feature head expands per node (its best k tokens); the
-        n-gram proposer ignores it.
+      branch: k, children a feature head expands per node (its best k tokens, or k
+        drawn from its q); the n-gram proposer ignores it.
+      sampled: a feature head draws the children from its q and the round accepts them
+        by recursive rejection (`decode.tree_accept`); False: its best k tokens, accepted
+        by the walk; None (the default): sampled when the sampling is not greedy.
     """
 
     nodes: int
     depth: int
     branch: int = 4
+    sampled: bool | None = None
 
     def __post_init__(self):
         for name in ("nodes", "depth", "branch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Tree.{name} must be an integer >= 1, got {v!r}")
+        if self.sampled not in (None, True, False):
+            raise ValueError(f"Tree.sampled must be True, False or None, got {self.sampled!r}")
         if self.depth > self.nodes:
             raise ValueError(
                 f"Tree.depth ({self.depth}) exceeds Tree.nodes ({self.nodes}): a path of "
@@ -73,12 +80,15 @@ class TreeProposal(NamedTuple):
       parent: [B, N] int32, node v + 1's parent in [0, v] (0: the root).
       valid: [B, N] bool, nodes the drafter filled (a valid node's parent is valid).
       bad: [B] bool, the drafter met NaN/inf logits.
+      probs: [B, N + 1, V] float32, the q each node's children were drawn from (a
+        sampled tree, `decode.tree_accept`), or None: deterministic candidates.
     """
 
     tokens: jax.Array
     parent: jax.Array
     valid: jax.Array
     bad: jax.Array
+    probs: jax.Array | None = None
 
 
 class TreeWalk(NamedTuple):
@@ -122,16 +132,18 @@ def _with_root(parent: jax.Array) -> jax.Array:
 
 
 def tree_draws(keys, nodes: int, sampling: SamplingConfig, batch: int) -> jax.Array:
-    """[B, N + 1] float32 uniforms, one per node, from each row's acceptance key [B]
-    (zeros under greedy decoding, where nothing is drawn and `keys` may be None)."""
+    """[B, N + 1, 2] float32 uniforms, two per node (its draw of the target's token, and
+    its test as a sampled child), from each row's acceptance key [B] (zeros under greedy
+    decoding, where nothing is drawn and `keys` may be None)."""
     if sampling.greedy:
-        return jnp.zeros((batch, nodes + 1), jnp.float32)
-    return jax.vmap(lambda k: jax.random.uniform(k, (nodes + 1,), jnp.float32))(keys)
+        return jnp.zeros((batch, nodes + 1, 2), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (nodes + 1, 2), jnp.float32))(keys)
 
 
 def target_tokens(logits: jax.Array, draws: jax.Array, sampling: SamplingConfig) -> jax.Array:
     """y [B, N + 1]: the target's token at every node from its logits [B, N + 1, V] (the
-    argmax under greedy decoding, else inverse CDF of p with the node's draw)."""
+    argmax under greedy decoding, else inverse CDF of p with the node's draw, draws
+    [B, N + 1])."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     p = probs_from_logits(logits, sampling)
@@ -159,13 +171,6 @@ def walk(proposal: TreeProposal, y: jax.Array, depth: int) -> TreeWalk:
     accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
     emitted = jnp.take_along_axis(y, path, axis=1)
     return TreeWalk(path, accepted, emitted)
-
-
-def accept_tree(logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int):
-    """The exact acceptance of a tree round: the target's token at every node from its
-    logits [B, N + 1, V] and own draw [B, N + 1], then the `walk` (at most `depth`
-    steps). `Generator(acceptance=...)` with a tree takes a rule of this signature."""
-    return walk(proposal, target_tokens(logits, draws, sampling), depth)
 
 
 def gather_nodes(x: Any, path: jax.Array) -> Any:

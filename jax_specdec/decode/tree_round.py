@@ -33,7 +33,7 @@ __all__ = ["tree_round"]
 
 
 def _noise(state: LoopState, config: LoopConfig):
-    """(draft keys [B, D], node draws [B, N + 1]) of the rows' round: fold_in(keys[b],
+    """(draft keys [B, D], node draws [B, N + 1, 2]) of the rows' round: fold_in(keys[b],
     round) split into a drafting and an acceptance key, as a chain round splits it."""
     tree, batch = config.tree, state.keys.shape[0]
     if config.sampling.greedy:
@@ -47,7 +47,7 @@ def _noise(state: LoopState, config: LoopConfig):
 
 def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, draws, config):
     """The target's call over [pending, nodes] (`mask`: the nodes' `ancestors`) and the
-    config's acceptance rule (`tree.accept_tree`): (walk, logits, the call's entries
+    config's acceptance rule (`tree_accept.accept_tree`): (walk, logits, the call's entries
     per layer [B, N + 1, K, hd], features [B, N + 1, D] or None)."""
     pending = gather_last(state.tokens, state.lengths, 1)
     logits, keys, values, *hidden = target.decode_entries(

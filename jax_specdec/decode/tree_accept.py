@@ -1,0 +1,134 @@
+"""The exact acceptance of a tree round (`accept_tree`): the walk for deterministic
+candidates (`decode.tree.walk`), recursive rejection over sampled siblings for sampled
+trees (RSD, Jeon et al. 2024, arXiv 2402.14160).
+
+A sampled tree's shape is static (`static_shape`): which nodes exist, and how many
+children each has, never depends on the tokens drawn. A node's children are drawn
+without replacement from the drafter's q at that node (Gumbel top-m), in order, and the
+proposal carries q at every node (`TreeProposal.probs`).
+
+The walk (`accept_rsd`), at node u with target distribution p and draft q, tests u's
+children x_1, x_2, … in their drawing order: x_j is kept with probability
+min(1, p(x_j) / q(x_j)); after a rejection p becomes norm(max(0, p − q)) and q loses
+x_j (renormalised: the law of the next child given the ones before it). A kept child
+is emitted and the walk moves to it; when every child is rejected (or u has none) the
+walk emits a draw of the current p and stops. Each step is the classic rejection step
+for the distribution it is given, so every emitted token is a draw of the target's p
+at its prefix (tested against an enumerated target in `tests/test_tree.py`). With one
+child per node it is the chain's token-by-token rule.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_specdec.acceptance import RESIDUAL_FLOOR
+from jax_specdec.decode.tree import TreeProposal, TreeWalk, target_tokens, walk
+from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample_with_uniforms
+
+__all__ = ["accept_rsd", "accept_tree", "draw_children", "static_shape"]
+
+#: The prior chance that a node's first drawn child is kept, and that a later one is
+#: (after the rejections before it): `static_shape` grows the tree where the walk is
+#: most likely to go.
+FIRST, LATER = 0.6, 0.3
+
+
+def accept_tree(logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int):
+    """The exact acceptance of a tree round from the target's logits [B, N + 1, V] and
+    the nodes' noise `draws` [B, N + 1, 2] (`decode.tree.tree_draws`), at most `depth`
+    steps: `accept_rsd` for a sampled tree (`proposal.probs` set), else the walk on the
+    target's token drawn at every node. `Generator(acceptance=...)` with a tree takes a
+    rule of this signature."""
+    if proposal.probs is not None and not sampling.greedy:
+        return accept_rsd(logits, draws, proposal, sampling, depth)
+    return walk(proposal, target_tokens(logits, draws[..., 0], sampling), depth)
+
+
+def static_shape(nodes: int, depth: int, branch: int) -> tuple[int, ...]:
+    """The parent of each of nodes 1 … N: greedily, the free slot (a node's next child,
+    at most `branch` per node, depth at most `depth`) the walk reaches most often under
+    the prior (FIRST, LATER). A node's children get increasing numbers in their order."""
+    parent, reach, level, kids = [], [1.0], [0], [0]
+    for _ in range(nodes):
+        best = None
+        for u in range(len(reach)):
+            j = kids[u]
+            if level[u] >= depth or j >= branch:
+                continue
+            chance = FIRST if j == 0 else (1 - FIRST) * (1 - LATER) ** (j - 1) * LATER
+            if best is None or reach[u] * chance > best[0]:
+                best = (reach[u] * chance, u)
+        if best is None:
+            raise ValueError(
+                f"a tree of depth {depth} with branch {branch} holds fewer than {nodes} nodes"
+            )
+        r, u = best
+        parent.append(u)
+        reach.append(r)
+        level.append(level[u] + 1)
+        kids[u] += 1
+        kids.append(0)
+    return tuple(parent)
+
+
+def draw_children(keys, q, count: int):
+    """`count` tokens [B, count] drawn without replacement from q [B, V] (Gumbel top-k,
+    in drawing order) with one key per row [B], and whether each was drawable (q > 0)."""
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, q.shape[-1:], jnp.float32))(keys)
+    scores = jnp.where(q > 0, jnp.log(jnp.where(q > 0, q, 1.0)) + gumbel, -jnp.inf)
+    best, tokens = jax.lax.top_k(scores, count)
+    return tokens.astype(jnp.int32), best > -jnp.inf
+
+
+def _reject(p, q, x, rows):
+    """p and q after the rejection of x: norm(max(0, p − q)) and q without x."""
+    residual = jnp.maximum(p - q, 0.0)
+    mass = jnp.sum(residual, axis=-1, keepdims=True)
+    p = jnp.where(mass > RESIDUAL_FLOOR, residual / jnp.where(mass > 0, mass, 1.0), p)
+    q = q.at[rows, x].set(0.0)
+    left = jnp.sum(q, axis=-1, keepdims=True)
+    return p, q / jnp.where(left > 0, left, 1.0)
+
+
+def accept_rsd(
+    logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int, reject=None
+):
+    """The walk with recursive rejection (see the module docstring): logits [B, N + 1, V],
+    draws [B, N + 1, 2] (per node: its final draw, its own test as a child),
+    `proposal.probs` [B, N + 1, V] the q each node's children were drawn from. `reject`
+    (p, q, x, rows) -> (p, q) after a rejection: the exact one unless a test swaps it."""
+    reject = _reject if reject is None else reject
+    p_all = probs_from_logits(logits, sampling)
+    q_all = proposal.probs.astype(jnp.float32)
+    batch, n = proposal.tokens.shape
+    rows = jnp.arange(batch)
+    at = jnp.zeros((batch,), jnp.int32)
+    alive = jnp.ones((batch,), bool)
+    final = p_all[:, 0]
+    path = [at]
+    for _ in range(depth):
+        p, q = p_all[rows, at], q_all[rows, at]
+        found, chosen = jnp.zeros((batch,), bool), at
+        for v in range(1, n + 1):  # the children of `at`, in their drawing order
+            x = proposal.tokens[:, v - 1]
+            child = (proposal.parent[:, v - 1] == at) & proposal.valid[:, v - 1] & alive & ~found
+            kept = draws[:, v, 1] * q[rows, x] < p[rows, x]
+            found, chosen = found | (child & kept), jnp.where(child & kept, v, chosen)
+            new_p, new_q = reject(p, q, x, rows)
+            rejected = (child & ~kept)[:, None]
+            p, q = jnp.where(rejected, new_p, p), jnp.where(rejected, new_q, q)
+        final = jnp.where((alive & ~found)[:, None], p, final)  # stops here: its residual
+        alive = alive & found
+        at = jnp.where(found, chosen, at)
+        path.append(at)
+    final = jnp.where(alive[:, None], p_all[rows, at], final)  # walked to the end: a bonus
+    path = jnp.stack(path, axis=1)
+    accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
+    last = sample_with_uniforms(draws[rows, at, 0], final)
+    walked = jnp.take_along_axis(proposal.tokens, jnp.maximum(path[:, 1:] - 1, 0), axis=1)
+    idx = jnp.arange(depth + 1)[None]
+    drafted = jnp.pad(walked, ((0, 0), (0, 1)))
+    emitted = jnp.where(idx < accepted[:, None], drafted, last[:, None]).astype(jnp.int32)
+    return TreeWalk(path, accepted, emitted)
