@@ -147,9 +147,18 @@ def _check_job(output: pathlib.Path, job: dict) -> None:
 
 
 def make_generate(
-    target, draft, *, eos_token_id, num_draft_tokens: int = 4, mesh=None, num_slots=None
+    target,
+    draft,
+    *,
+    eos_token_id,
+    num_draft_tokens: int = 4,
+    mesh=None,
+    num_slots=None,
+    tree=None,
+    acceptance=None,
 ):
-    """The `generate` of `run_job`: speculative decoding with `draft`, or autoregressive
+    """The `generate` of `run_job`: speculative decoding with `draft` (with `tree` and
+    `acceptance` as `Generator` takes them), or autoregressive
     decoding of `target` when draft is None; through `num_slots` slots if given (at most
     one per row); on `mesh` if given (a fixed batch is padded to a multiple of its data
     axis, a call on slots to at least one row per data shard, with copies of its last
@@ -180,9 +189,8 @@ def make_generate(
         if draft is None:
             out = autoregressive_generate(target, prompts, **common)
         else:
-            out = speculative_generate(
-                target, draft, prompts, num_draft_tokens=num_draft_tokens, **common
-            )
+            rounds = dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
+            out = speculative_generate(target, draft, prompts, **rounds, **common)
         width = len(prompts)
         return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == width else a, out)
 

@@ -181,3 +181,20 @@ def test_output_of_another_job_is_refused_and_kept(pair, tmp_path, capsys):
         run(pair, other, out)
     assert "not in the input" in capsys.readouterr().err
     assert out.read_text() == before
+
+
+def test_tree_rounds_in_a_batch_job_give_the_autoregressive_rows(pair, tmp_path, capsys):
+    """Greedy: a job of n-gram trees writes the rows plain decoding writes; the tree is
+    part of the job's identity."""
+    inp = write_input(tmp_path / "in.jsonl", job_rows(6))
+    base = ["--temperature", "0", "--slots", "2"]
+    tree = ["--draft", "ngram", "--tree", "6", "-k", "3", *base]
+    assert run(pair, inp, tmp_path / "tree.jsonl", *tree) == 0
+    assert run(pair, inp, tmp_path / "ar.jsonl", "--autoregressive", *base) == 0
+    capsys.readouterr()
+    a, b = by_id(tmp_path / "tree.jsonl"), by_id(tmp_path / "ar.jsonl")
+    assert a.keys() == b.keys() and all(a[k]["tokens"] == b[k]["tokens"] for k in a)
+    assert json.loads((tmp_path / "tree.jsonl.job.json").read_text())["tree"] == "6:3:4"
+    with pytest.raises(SystemExit):  # another tree: another job
+        run(pair, inp, tmp_path / "tree.jsonl", *tree[:3], "8", *tree[4:])
+    assert "tree differ" in capsys.readouterr().err

@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
     job.add_argument("--batch-size", type=int, default=8, help="rows per fixed batch")
     job.add_argument("--seed", type=int, default=0, help="job seed (rows without their own)")
     job.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    common.add_round_flags(job)
     job.add_argument("--max-new-tokens", type=int, default=128)
     common.add_sampling_flags(job)
     job.add_argument(
@@ -79,6 +80,8 @@ def _load(args):
             raise ValueError(f"{flag} must lie in [1, {INT32_MAX}], got {value}")
     common.check_seed(args.seed)
     sampling = common.sampling(args)
+    common.tree(args, args.num_draft_tokens)
+    common.acceptance(args)
     if not pathlib.Path(args.input).is_file():
         raise ValueError(f"--input: {args.input} is not a file")
     _check_writable("--output", pathlib.Path(args.output))
@@ -139,7 +142,13 @@ def _job(args, eos) -> dict:
 
     sampling = common.sampling(args)
     speculative = not args.autoregressive
+    rounds = {}  # set only when asked for: jobs written before them still resume
+    if speculative and args.tree is not None:
+        rounds["tree"] = f"{args.tree}:{args.num_draft_tokens}:{args.branch}"
+    if speculative and args.acceptance != "token":
+        rounds["acceptance"] = args.acceptance
     return {
+        **rounds,
         "mode": "speculative" if speculative else "autoregressive",
         "target": model_identity(args.target),
         "draft": model_identity(args.draft) if speculative else None,
@@ -205,6 +214,8 @@ def _run(args, parser, interrupt) -> int:
         num_draft_tokens=args.num_draft_tokens,
         mesh=mesh,
         num_slots=None if args.fixed_batches else args.slots,
+        tree=common.tree(args, args.num_draft_tokens),
+        acceptance=common.acceptance(args),
     )
     try:
         summary = run_job(
