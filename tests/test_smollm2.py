@@ -1,8 +1,10 @@
 """The real model: SmolLM2-135M-Instruct (Q4_1 GGUF, fetched by `jax_specdec.io.zoo` into the
 user cache) against transformers' own GGUF loading: logits, tokenizer, greedy output of
-autoregressive and n-gram speculative decoding, conversion, load memory."""
+autoregressive, n-gram and tree (the shipped head's) speculative decoding, conversion,
+load memory."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -12,6 +14,8 @@ import numpy as np
 import pytest
 
 from jax_specdec.decode import Generator, NGram
+from jax_specdec.decode.head_drafter import attach_head
+from jax_specdec.decode.tree import Tree
 from jax_specdec.io import zoo
 from jax_specdec.io.hf import eos_token_id, load_model, load_tokenizer
 
@@ -21,6 +25,7 @@ pytest.importorskip("accelerate")
 pytestmark = pytest.mark.slow
 
 RTOL = 1e-4
+HEAD = pathlib.Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-eagle"
 CODE = '''def read_config(path):
     """Read a configuration file and return a dict."""
     with open(path) as f:
@@ -111,12 +116,13 @@ def test_greedy_matches_transformers_generate(ours, reference):
             )
         expected.append(out[0, len(ids) :].tolist())
     assert any(len(e) < 64 and e[-1] == 2 for e in expected)  # an EOS stop is covered
-    for draft in (None, NGram()):
-        gen = Generator(model, draft, eos_token_id=2)
+    head = attach_head(HEAD, model, tok)
+    for draft, rounds in ((None, {}), (NGram(), {}), (head, dict(schedule=4, tree=Tree(8, 4, 2)))):
+        gen = Generator(model, draft, eos_token_id=2, **rounds)
         out = gen(prompts, key=jax.random.key(0), max_new_tokens=64)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         got = [tokens[b, : lengths[b]].tolist() for b in range(len(prompts))]
-        assert got == expected, f"draft={draft}"
+        assert got == expected, f"draft={draft} {rounds}"
 
 
 def test_convert_loads_in_transformers(ours, gguf_path, tmp_path):
