@@ -118,6 +118,16 @@ def sample_sequences(target, draft, sampling, gamma, eos, seed, **kwargs):
     return seqs, out.stats
 
 
+def assert_follows_target(target, seqs, sampling, eos, label=""):
+    """The exactness tests' check: the rows of each of PROMPTS (alternating in `seqs`)
+    against the exactly enumerated sequence probabilities, chi-square p > 1e-3."""
+    for which, prompt in enumerate(PROMPTS):
+        exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
+        pvalue = chi_square_pvalue(seqs[which::2], exact)
+        print(f"\nEXACTNESS {label} prompt{which}: chi2_pvalue={pvalue:.3g}")
+        assert pvalue > 1e-3, f"{label} prompt {which}: p = {pvalue:.3g}"
+
+
 def wrong_rule_pvalue(target, seqs, sampling, eos):
     """The exactness tests' statistic on the rows of PROMPTS[0] among `seqs` (sampled with
     a wrong acceptance rule, which the tests must catch: a p-value below 1e-6)."""
