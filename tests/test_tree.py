@@ -351,8 +351,12 @@ def test_a_row_gets_its_tokens_alone_in_a_batch_and_in_slots(target):
         )
 
 
-def test_tree_round_copies_no_cache(target):
-    run = Generator(target, NGram(), schedule=3, tree=6).bind(
+@pytest.mark.parametrize("drafter", ["ngram", "head", "sampled head"])
+def test_tree_round_copies_no_cache(target, drafter):
+    """No cache is copied inside the loop: the target's, nor a head's (same shape here)."""
+    draft = NGram() if drafter == "ngram" else make_head(target, seed=3)
+    sampling = SamplingConfig(1.0 if drafter == "sampled head" else 0.0)
+    run = Generator(target, draft, schedule=3, tree=6, sampling=sampling).bind(
         ragged_prompts(4, VOCAB, seed=2), key=jax.random.key(0), max_new_tokens=8
     )
     hlo = run.lower().compile().as_text()
