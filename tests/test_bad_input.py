@@ -342,3 +342,60 @@ def test_a_byte_order_mark_starts_a_batch_input(tmp_path):
         inp, tokenizer=None, vocab_size=9, job_seed=0, sampling=SamplingConfig(), max_new_tokens=2
     )
     assert [r.tokens for r in rows] == [(1, 2)]
+
+
+def test_loaders_found_by_the_sweep(pair, tmp_path):
+    from jax_specdec.io.hf import load_tokenizer
+
+    model = tmp_path / "target"
+    shutil.copytree(pair / "target", model)
+    (model / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"{model / 'tokenizer.json'} is not a readable"):
+        load_tokenizer(model)  # was a bare Exception from tokenizers
+    with pytest.raises(ValueError, match="^dtype must be float32 or bfloat16, got 'float64'$"):
+        load_model(pair / "target", dtype="float64")
+    with pytest.raises(ValueError, match="is a file but not a .gguf"):
+        load_model(model / "config.json")
+
+
+def train_argv(tmp_path, pair, *extra):
+    argv = ["train", "--preset", "tiny", "--steps", "2", "--warmup-steps", "0", "--seq-len", "16"]
+    argv += ["--batch-size", "1", "--eval-every", "1", "--out", str(tmp_path / "m")]
+    return [*argv, "--tokenizer", str(pair / "target" / "tokenizer.json"), *extra]
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--tokenizer", "/nonexistent.json"], "tokenizer file /nonexistent.json does not exist"),
+        (["--tokenizer", "BAD"], "is not a readable tokenizer.json"),
+        (["--out", "FILE"], "is a file, not a directory"),
+        (["--seed", "-1"], "seed must lie in [0, 2**32), got -1"),
+        (["--learning-rate", "inf"], "learning_rate must be a finite number > 0, got inf"),
+        (["--seq-len", str(2**40)], "seq_len must be an integer in [1, 2147483647]"),
+    ],
+    ids=["tokenizer-missing", "tokenizer-corrupt", "out-is-file", "seed", "lr-inf", "seq-len"],
+)
+def test_train_flags_found_by_the_sweep(pair, tmp_path, capsys, extra, match):
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "BAD").write_text("{not json")
+    extra = [str(tmp_path / e) if e in ("FILE", "BAD") else e for e in extra]
+    assert match in one_line(cli_refusal(train_argv(tmp_path, pair, *extra), capsys))
+
+
+def test_train_vocab_size_below_the_bytes_is_refused(tmp_path, capsys):
+    argv = ["train", "--preset", "tiny", "--vocab-size", "0", "--out", str(tmp_path / "m")]
+    assert "vocab_size must be >= 257" in one_line(cli_refusal(argv, capsys))
+
+
+def test_a_checkpoint_of_another_model_is_one_line(pair, tmp_path, capsys):
+    from jax_specdec.cli import main
+
+    assert main(train_argv(tmp_path, pair)) == 0
+    err = one_line(cli_refusal(train_argv(tmp_path, pair, "--preset", "draft"), capsys))
+    assert f"{tmp_path / 'm' / 'checkpoints'} holds a checkpoint (step 2) of another" in err
+
+
+def test_train_drafter_missing_target_is_one_line(tmp_path, capsys):
+    argv = ["train-drafter", "--target", "/nonexistent", "--out", str(tmp_path / "h")]
+    assert "--target: /nonexistent is not a model directory" in one_line(cli_refusal(argv, capsys))

@@ -50,6 +50,8 @@ def run(args, parser) -> int:
     from jax_specdec.training import lm_recipe as workflow
 
     out = pathlib.Path(args.out)
+    if out.exists() and not out.is_dir():
+        common.fail(parser, ValueError(f"--out: {out} is a file, not a directory"))
     try:
         if args.command == "train":
             result = workflow.train_model(
@@ -68,7 +70,7 @@ def run(args, parser) -> int:
                 config=config,
                 checkpoint_dir=args.checkpoint_dir,
             )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         common.fail(parser, e)
     print(json.dumps(result, indent=2))
     return 0

@@ -82,9 +82,11 @@ def run(args, parser) -> int:
     from jax_specdec.io.hf import load_model, load_tokenizer
     from jax_specdec.training.head_recipe import build_head
 
-    target_dir = common.model_dir(args.target, "target")
     work_dir = pathlib.Path(args.work_dir or f"{args.out}.work")
+    if pathlib.Path(args.out).is_file():
+        common.fail(parser, ValueError(f"--out: {args.out} is a file, not a directory"))
     try:
+        target_dir = common.model_dir(args.target, "target")
         summary = build_head(
             load_model(target_dir),
             load_tokenizer(target_dir),
@@ -100,7 +102,7 @@ def run(args, parser) -> int:
             weights_dtype=args.weights_dtype,
             init=args.init,
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         common.fail(parser, e)
     print(json.dumps({k: v for k, v in summary.items() if k != "agreement_log"}, indent=2))
     return 0

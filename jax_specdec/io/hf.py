@@ -24,11 +24,12 @@ from safetensors.numpy import save_file
 from jax_specdec.io.hf_config import (
     SUPPORTED_ARCHITECTURES,
     _architecture,
+    _dtype_name,
     config_from_hf,
     config_to_hf,
 )
 from jax_specdec.io.layout import Entry, build_model, hf_entries
-from jax_specdec.io.weights import open_safetensors
+from jax_specdec.io.weights import brief, open_safetensors
 from jax_specdec.nn import Transformer
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "save_model",
+    "tokenizer_from_file",
 ]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -72,6 +74,8 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
 
         return load_gguf_model(path, dtype=dtype)
     directory = _directory(path)
+    if dtype is not None:
+        _dtype_name(dtype)  # refused before the config is read, in words of its own
     hf = _read_json(directory / "config.json")
     try:
         arch = _architecture(hf)
@@ -127,7 +131,6 @@ def _check_tensors(directory: Path, found, entries: list[Entry], config) -> None
 def load_tokenizer(path: Path_):
     """The `tokenizers.Tokenizer` stored as `tokenizer.json` in a model directory, or the
     one described by a `.gguf` file's metadata (see `jax_specdec.io.gguf_tokenizer`)."""
-    from tokenizers import Tokenizer
 
     if is_gguf(path):
         from jax_specdec.io.gguf_tokenizer import load_gguf_tokenizer
@@ -137,7 +140,20 @@ def load_tokenizer(path: Path_):
     file = directory / "tokenizer.json"
     if not file.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {directory}")
-    return Tokenizer.from_file(str(file))
+    return tokenizer_from_file(file)
+
+
+def tokenizer_from_file(file: Path_):
+    """A `tokenizers.Tokenizer` read from a tokenizer.json, or one line naming the file."""
+    from tokenizers import Tokenizer
+
+    file = Path(file)
+    if not file.is_file():
+        raise FileNotFoundError(f"tokenizer file {file} does not exist")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+        raise ValueError(f"{file} is not a readable tokenizer.json ({brief(e)})") from e
 
 
 def eos_token_id(path: Path_) -> int | None:
@@ -207,6 +223,8 @@ def _weight_files(directory: Path) -> list[Path]:
 
 def _directory(path: Path_) -> Path:
     directory = Path(path)
+    if directory.is_file():
+        raise ValueError(f"{directory} is a file but not a .gguf: give a model directory")
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory {directory} does not exist")
     return directory

@@ -85,7 +85,14 @@ def _resume(manager, model, optimizer, checkpoint_dir: pathlib.Path) -> tuple[di
     if latest is None:
         return log, 0
     template = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-    restored = manager.restore(latest, args=ocp.args.StandardRestore(template))
+    try:
+        restored = manager.restore(latest, args=ocp.args.StandardRestore(template))
+    except (ValueError, TypeError, KeyError) as e:  # orbax: shapes or trees differ
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"{checkpoint_dir} holds a checkpoint (step {latest}) of another model or "
+            f"optimizer ({first}): give another checkpoint directory, or delete it"
+        ) from None
     nnx.update(model, restored["model"])
     nnx.update(optimizer, restored["optimizer"])
     log_path = checkpoint_dir / "log.json"

@@ -12,6 +12,7 @@ run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 import jax
@@ -20,6 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jax_specdec.decode.request import INT32_MAX
 from jax_specdec.nn import Transformer
 from jax_specdec.training.corpus import sample_windows
 from jax_specdec.training.fit import Fit, fit
@@ -58,12 +60,14 @@ class TrainConfig:
             "checkpoint_every",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            if not isinstance(value, int) or not 1 <= value <= INT32_MAX:
+                raise ValueError(f"{name} must be an integer in [1, {INT32_MAX}], got {value!r}")
         if not (0 <= self.warmup_steps < self.steps):
             raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.seed < 2**32:  # it becomes a PRNG key
+            raise ValueError(f"seed must lie in [0, 2**32), got {self.seed}")
+        if not 0 < self.learning_rate < math.inf:
+            raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate}")
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
 

@@ -78,6 +78,9 @@ def _write_card(out: pathlib.Path, info: dict) -> None:
     (out / "training.json").write_text(json.dumps(info, indent=2, default=str))
 
 
+MIN_VOCAB = 257  # a byte-level BPE vocabulary holds every byte and <|endoftext|>
+
+
 def train_model(
     *,
     preset: str,
@@ -88,15 +91,15 @@ def train_model(
     checkpoint_dir: str | None = None,
 ) -> dict:
     """Trains a model of `preset` on the standard-library corpus and exports it to `out`."""
-    from tokenizers import Tokenizer
-
-    from jax_specdec.io.hf import save_model
+    from jax_specdec.io.hf import save_model, tokenizer_from_file
 
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     corpus = stdlib_corpus()
     if tokenizer_path is not None:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        tokenizer = tokenizer_from_file(tokenizer_path)
+    elif vocab_size < MIN_VOCAB:
+        raise ValueError(f"vocab_size must be >= {MIN_VOCAB} (256 bytes and <|endoftext|>)")
     else:
         tokenizer = train_tokenizer(corpus.read(corpus.train), vocab_size)
     model_config = _presets(tokenizer.get_vocab_size())[preset]
