@@ -2,8 +2,9 @@
 
 The modules, in the order a round runs through them:
 
-- `api`: `Generator` (models, drafter, schedule, sampling; validated once), its bound
-  call `Run`, and the one-call forms `speculative_generate`, `autoregressive_generate`.
+- `api`: `Generator` (models, drafter, schedule, sampling, tree; validated once) and the
+  one-call forms `speculative_generate`, `autoregressive_generate`; `run`: its bound
+  call `Run`.
 - `request`: host-side input checks; prompts, keys and budget become a `Request`.
 - `config`: `LoopConfig`, the program's one static argument.
 - `program`: prefill, then a `lax.while_loop` over rounds under one `jax.jit`.
@@ -15,6 +16,9 @@ The modules, in the order a round runs through them:
   `head_drafter` (`HeadDrafter`, a head reading the target's features) and
   `ngram` (`NGram`) implement it.
 - `verify`: the target scores the proposal; the acceptance step decides.
+- `tree`, `tree_round`, `tree_accept`, `head_tree`: token trees (shape, mask, walk), the
+  tree round, their exact acceptance (the walk; recursive rejection for sampled trees)
+  and a feature head's trees.
 - `stats`: `GenerationOutput` and `GenerationStats`.
 """
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
-from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
 from jax_specdec.decode.head_drafter import AttachedHead, HeadDrafter, attach_head
@@ -27,7 +25,8 @@ from jax_specdec.decode.request import (
     make_request,
     queue_rows,
 )
-from jax_specdec.decode.stats import GenerationOutput, take_rows
+from jax_specdec.decode.run import ProgramArgs, Run
+from jax_specdec.decode.stats import GenerationOutput
 from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
@@ -36,58 +35,10 @@ from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
 from jax_specdec.sharding import check_mesh, place_rows, shard_state
 
-__all__ = [
-    "Generator",
-    "ProgramArgs",
-    "Run",
-    "autoregressive_generate",
-    "speculative_generate",
-]
+__all__ = ["Generator", "autoregressive_generate", "speculative_generate"]
 
 GREEDY = SamplingConfig(temperature=0.0)
 CHAIN_RULES = (accept_with_noise, accept_block_with_noise)
-
-
-class ProgramArgs(NamedTuple):
-    """The array arguments of `program.generate`, placed (on the mesh, if any)."""
-
-    target_state: nnx.State
-    draft_state: nnx.State | None
-    prompts: jax.Array  # [B, P] int32
-    prompt_lengths: jax.Array  # [B] int32
-    keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
-    budgets: jax.Array  # [B] int32 max_new_tokens per row (0: a padding row of slots)
-
-
-class Run:
-    """One generation with every input validated and placed: calling it runs only the
-    compiled program (for benchmarks, and for generating again from the same inputs).
-
-    Attributes:
-      config: the program's static `LoopConfig`.
-      request: the validated inputs, on the host.
-      args: the program's array arguments, as placed.
-    """
-
-    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs, order=None):
-        self.config, self.request, self.args = config, request, args
-        # With slots: the prompts' queue order (row i of args holds prompt order[i]).
-        self._inverse = None if order is None else jnp.asarray(np.argsort(order), jnp.int32)
-
-    @property
-    def cache_len(self) -> int:
-        """Positions per row of every KV cache."""
-        return self.config.cache_len
-
-    def __call__(self) -> GenerationOutput:
-        out = program.generate(*self.args, config=self.config)
-        if self._inverse is None:
-            return out
-        return take_rows(out, self._inverse)
-
-    def lower(self) -> jax.stages.Lowered:
-        """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
-        return program.generate.lower(*self.args, config=self.config)
 
 
 class Generator:

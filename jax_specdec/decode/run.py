@@ -1,0 +1,60 @@
+"""A bound call: one generation with every input validated and placed (`Generator.bind`),
+and the array arguments of the compiled program."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_specdec.decode import program
+from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.request import Request
+from jax_specdec.decode.stats import GenerationOutput, take_rows
+
+__all__ = ["ProgramArgs", "Run"]
+
+
+class ProgramArgs(NamedTuple):
+    """The array arguments of `program.generate`, placed (on the mesh, if any)."""
+
+    target_state: nnx.State
+    draft_state: nnx.State | None
+    prompts: jax.Array  # [B, P] int32
+    prompt_lengths: jax.Array  # [B] int32
+    keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
+    budgets: jax.Array  # [B] int32 max_new_tokens per row (0: a padding row of slots)
+
+
+class Run:
+    """One generation with every input validated and placed: calling it runs only the
+    compiled program (for benchmarks, and for generating again from the same inputs).
+
+    Attributes:
+      config: the program's static `LoopConfig`.
+      request: the validated inputs, on the host.
+      args: the program's array arguments, as placed.
+    """
+
+    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs, order=None):
+        self.config, self.request, self.args = config, request, args
+        # With slots: the prompts' queue order (row i of args holds prompt order[i]).
+        self._inverse = None if order is None else jnp.asarray(np.argsort(order), jnp.int32)
+
+    @property
+    def cache_len(self) -> int:
+        """Positions per row of every KV cache."""
+        return self.config.cache_len
+
+    def __call__(self) -> GenerationOutput:
+        out = program.generate(*self.args, config=self.config)
+        if self._inverse is None:
+            return out
+        return take_rows(out, self._inverse)
+
+    def lower(self) -> jax.stages.Lowered:
+        """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
+        return program.generate.lower(*self.args, config=self.config)
