@@ -293,10 +293,13 @@ def test_a_wrong_sibling_rule_fails_the_same_test(target):
 
 @pytest.mark.slow
 def test_a_heads_sampled_tree_samples_follow_the_target(target):
-    head = make_head(target, seed=3, scale=0.5)
+    """A head whose kept vocabulary leaves out token 3, which the target emits: the
+    residuals must supply it."""
+    head = make_head(target, seed=3, kept_ids=[0, 1, 2, 4, 5], scale=0.5)
     sampling = SamplingConfig(1.0)
     seqs, stats = _tree_samples(target, head, Tree(6, 3, 2), sampling, None, seed=5)
     assert stats.accepted.sum() > 0
+    assert not np.asarray(stats.nonfinite).any()  # the kept vocabulary's -inf is no NaN
     assert_follows_target(target, seqs, sampling, None)
 
 

@@ -108,8 +108,9 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config) -> TreePropos
             recent + parts,
             own=jnp.eye(len(inner), dtype=bool)[None],
         )
-        full, q = kept_probs(model, model.head.logits(feats), config)
-        bad = bad | nonfinite(full.reshape(batch, -1))
+        logits = model.head.logits(feats)  # [B, inner, K]
+        bad = bad | nonfinite(logits.reshape(batch, -1))
+        q = kept_probs(model, logits, config)[1]
         for i, v in enumerate(inner):
             predicted[v] = feats[:, i : i + 1]
             expand(v, q[:, i])
