@@ -399,3 +399,18 @@ def test_a_checkpoint_of_another_model_is_one_line(pair, tmp_path, capsys):
 def test_train_drafter_missing_target_is_one_line(tmp_path, capsys):
     argv = ["train-drafter", "--target", "/nonexistent", "--out", str(tmp_path / "h")]
     assert "--target: /nonexistent is not a model directory" in one_line(cli_refusal(argv, capsys))
+
+
+def test_generator_refuses_a_gamma_past_the_context_and_a_pad_outside_the_vocabulary():
+    """A γ at or past the target's context compiled one branch per width without end; any
+    pad_token_id was taken."""
+    from helpers import make_model
+
+    from jax_specdec import Generator, NGram
+
+    target = make_model(0)  # max_len 128
+    with pytest.raises(ValueError, match=r"largest γ \(128\) must be below the target's context"):
+        Generator(target, NGram(), schedule=128)
+    for pad in (-1, 6, 2**40):
+        with pytest.raises(ValueError, match="pad_token_id"):
+            Generator(target, pad_token_id=pad)

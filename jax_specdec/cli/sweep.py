@@ -7,6 +7,9 @@ import sys
 
 from jax_specdec.cli import common
 
+# Rows of one sweep call at most (each row holds its own caches for every program timed).
+MAX_BATCH = 4096
+
 
 def add_parser(sub) -> None:
     sw = sub.add_parser(
@@ -46,6 +49,11 @@ def add_parser(sub) -> None:
 
 def _check(args) -> None:
     args.trees = common.trees(args.trees)
+    common.check_seed(args.seed)
+    if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
+        raise ValueError(f"--out: {args.out} is a file; give a directory")
+    if max(args.batches, default=1) > MAX_BATCH:
+        raise ValueError(f"--batches must be at most {MAX_BATCH}, got {max(args.batches)}")
     if not args.batches or min(args.batches) < 1:
         raise ValueError(f"--batches must be positive integers, got {args.batches}")
     if not args.gammas or min(args.gammas) < 1:

@@ -108,6 +108,8 @@ class Generator:
             and not 0 <= check_int("eos_token_id", eos_token_id, 0) < self.vocab_size
         ):
             raise ValueError(f"eos_token_id must lie in [0, {self.vocab_size}), got {eos_token_id}")
+        if not 0 <= check_int("pad_token_id", pad_token_id, 0) < self.vocab_size:
+            raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         if acceptance is None:
             acceptance = accept_with_noise if self.tree is None else accept_tree
@@ -122,6 +124,12 @@ class Generator:
 
     def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
         schedule = _schedule(num_draft_tokens, schedule)
+        limit = self.target.config.max_len
+        if schedule.max_gamma >= limit:  # every width up to it is a branch to compile
+            raise ValueError(
+                f"the schedule's largest γ ({schedule.max_gamma}) must be below the target's "
+                f"context of {limit} tokens"
+            )
         threshold = schedule.threshold if isinstance(schedule, Confidence) else None
         if threshold is not None:
             schedule = Constant(schedule.max_gamma)
