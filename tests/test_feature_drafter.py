@@ -33,6 +33,13 @@ from jax_specdec.training.corpus import train_tokenizer
 GREEDY = SamplingConfig(0.0)
 
 
+@pytest.fixture(scope="module")
+def head(target):
+    """Kept vocabulary without token 3, which the target can emit. Small weights: q near
+    uniform over the kept tokens, so drafts are often accepted even under top-k/top-p."""
+    return make_head(target, kept_ids=[0, 1, 2, 4, 5], scale=0.05)
+
+
 # ---------------------------------------------------------------- greedy equality
 
 
