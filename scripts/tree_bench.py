@@ -22,8 +22,7 @@ import numpy as np
 from jax_specdec import Generator, SamplingConfig
 from jax_specdec.acceptance import accept_block_with_noise
 from jax_specdec.bench import measure
-from jax_specdec.cli.common import load_pair
-from jax_specdec.decode.tree import Tree
+from jax_specdec.cli.common import load_pair, trees
 from jax_specdec.io import zoo
 
 CODE_PROMPTS = [
@@ -42,10 +41,6 @@ CODE_PROMPTS = [
 ]
 
 
-def _trees(text: str) -> list[Tree]:
-    return [Tree(*map(int, item.split(":"))) for item in text.split(",") if item]
-
-
 def _generators(args, loaded, sampling):
     """{label: Generator} for autoregressive decoding, each chain and each tree."""
     target, draft = loaded.target, loaded.draft
@@ -56,7 +51,7 @@ def _generators(args, loaded, sampling):
             gens[f"chain {gamma} block"] = Generator(
                 target, draft, schedule=gamma, sampling=sampling, acceptance=accept_block_with_noise
             )
-    for tree in _trees(args.trees):
+    for tree in trees(args.trees):
         label = f"tree {tree.nodes}:{tree.depth}:{tree.branch}"
         gens[label] = Generator(target, draft, schedule=tree.depth, tree=tree, sampling=sampling)
     return gens
