@@ -73,14 +73,23 @@ def load_head_config(path: str | os.PathLike) -> FeatureHeadConfig:
         raise ValueError(f"{directory / CONFIG} is not a valid head config: {error}") from error
 
 
-def load_head(path: str | os.PathLike, param_dtype: str | None = None) -> FeatureHead:
+def load_head(path: str | os.PathLike, param_dtype: str | None = None):
     """The head saved in `path`; every tensor checked against the config first.
+
+    `path` is a feature head's directory (`save_head`: a `FeatureHead`), or an EAGLE-3
+    head's in the `speculators` format or the original EAGLE-3 release layout (an
+    `Eagle3Head`, `jax_specdec.io.speculators`).
 
     Its weights take the config's `param_dtype` (that of the saved tensors, for a head
     written by `save_head`), or `param_dtype` ("float32", "float16", "bfloat16") if
     given: e.g. "float32" to train it further.
     """
     directory = Path(path)
+    if not is_feature_head(directory):
+        from jax_specdec.io import speculators
+
+        if speculators.is_speculators(directory) or speculators.is_eagle3_release(directory):
+            return speculators.load_eagle3(directory, param_dtype)
     config = load_head_config(directory)
     if param_dtype is not None:
         layer = config.layer.replace(param_dtype=param_dtype)  # checks the name

@@ -1,0 +1,187 @@
+"""EAGLE-3 heads against the reference: random-weight heads built with `speculators`' own
+classes (Llama- and Qwen3-style layers, a draft vocabulary smaller than the target's and
+the whole one), saved with its `save_pretrained`, read here; our draft logits over
+several draft steps (each fed the previous step's hidden state, as EAGLE-3 drafts) equal
+its PyTorch forward's, and our export loads back in `speculators` with the same logits.
+Also the release layout, the refusals of bad heads and `jax-specdec convert-head`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_specdec.io.heads import load_head
+from jax_specdec.io.hf import save_model
+from jax_specdec.io.speculators import save_speculators
+from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache
+from jax_specdec.nn.eagle3 import Eagle3Head
+
+speculators = pytest.importorskip("speculators")
+torch = pytest.importorskip("torch")
+
+V, H, T, STEPS = 200, 64, 10, 3
+AUX = [1, 3, 5]
+# (style, draft vocabulary, variant flags): every norm variant appears once.
+CASES = {
+    "llama-64": ("llama", 64, {"norm_before_residual": True, "fc_norm": True}),
+    "llama-200": ("llama", V, {"norm_before_fc": True}),
+    "qwen3-64": ("qwen3", 64, {"norm_output": True}),
+    "qwen3-200": ("qwen3", V, {"norm_before_residual": True}),
+}
+
+
+def reference_model(style: str, draft_vocab: int, flags: dict, seed: int = 0):
+    """A speculators Eagle3DraftModel with random weights (norm scales around 1, so a
+    dropped norm shows) and, below the target's vocabulary, a random d2t/t2d."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    layer_class = LlamaConfig if style == "llama" else Qwen3Config
+    layer = layer_class(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+    )
+    layer._attn_implementation = "eager"
+    proposal = speculators.proposals.greedy.GreedyTokenProposalConfig(speculative_tokens=STEPS)
+    config = speculators.Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=draft_vocab,
+        eagle_aux_hidden_state_layer_ids=AUX,
+        speculators_config=speculators.SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[proposal],
+            default_proposal_method="greedy",
+            verifier=speculators.VerifierConfig(name_or_path=None, architectures=[]),
+        ),
+        **flags,
+    )
+    torch.manual_seed(seed)
+    model = speculators.Eagle3DraftModel(config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if name.endswith("norm.weight") else 0.1 * noise)
+        if draft_vocab < V:
+            ids = torch.sort(torch.randperm(V, generator=g)[:draft_vocab]).values
+            model.d2t.copy_(ids - torch.arange(draft_vocab))
+            model.t2d.zero_()
+            model.t2d[ids] = True
+    return model.eval()
+
+
+def inputs(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((1, T, len(AUX) * H)).astype(np.float32)
+    tokens = rng.integers(0, V, (1, T))
+    return features, tokens
+
+
+def reference_logits(model, features, tokens, steps=STEPS) -> list[np.ndarray]:
+    """Its forward's draft logits [T, K] per step (teacher-forced tokens, its own hidden
+    states fed back), caught at the LM head; positions 0 … T - 1 at the first step."""
+    caught = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: caught.append(o[0].numpy()))
+    with torch.no_grad():
+        model(
+            torch.from_numpy(features),
+            torch.from_numpy(tokens),
+            document_ids=torch.zeros(1, T, dtype=torch.long),
+            position_ids=torch.arange(T)[None],
+            ttt_steps=steps,
+        )
+    hook.remove()
+    return caught
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graphdef, state, hidden, tokens, cache):
+    return nnx.merge(graphdef, state).decode(hidden, tokens, cache)
+
+
+def our_logits(head: Eagle3Head, features, tokens, steps=STEPS) -> list[np.ndarray]:
+    """The same steps as the loop drafts them: the first over the T entries into the
+    cache; then row b is a round whose pending position is b (cache valid below b + 1),
+    each step one entry fed the previous step's hidden state and token b + s."""
+    graphdef, state = nnx.split(head)
+    cache = init_cache(head.config.layer, batch=1, max_len=T + steps)
+    logits, hidden, cache = _decode(graphdef, state, features, jnp.asarray(tokens), cache)
+    out = [np.asarray(logits[0])]
+    rows = KVCache(
+        keys=tuple(jnp.repeat(k, T, axis=0) for k in cache.keys),
+        values=tuple(jnp.repeat(v, T, axis=0) for v in cache.values),
+        lengths=jnp.arange(1, T + 1, dtype=jnp.int32),
+    )
+    hidden = hidden[0][:, None]  # [T, 1, H]
+    padded = np.concatenate([tokens[0], np.zeros(steps, tokens.dtype)])  # as it pads
+    for s in range(1, steps):
+        step_tokens = jnp.asarray(padded[s : s + T])[:, None]
+        logits, hidden, rows = _decode(graphdef, state, hidden, step_tokens, rows)
+        out.append(np.asarray(logits[:, 0]))
+    return out
+
+
+def relative_error(ours, reference) -> float:
+    return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    """(name, reference model, its directory, our head loaded from it)."""
+    style, draft_vocab, flags = CASES[request.param]
+    model = reference_model(style, draft_vocab, flags)
+    directory = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(str(directory))
+    return request.param, model, directory, load_head(directory)
+
+
+def test_draft_logits_match_speculators(case):
+    name, model, _, head = case
+    features, tokens = inputs()
+    reference, ours = reference_logits(model, features, tokens), our_logits(head, features, tokens)
+    assert len(reference) == len(ours) == STEPS
+    for step, (r, o) in enumerate(zip(reference, ours, strict=True)):
+        error = relative_error(o, r)
+        assert error < 1e-5, f"{name} step {step}: max relative error {error:.2e}"
+    # Drafted tokens in the target's vocabulary: d + d2t[d].
+    drafted = np.argmax(ours[0], axis=-1)
+    expected = drafted + (model.d2t.numpy()[drafted] if model.d2t is not None else 0)
+    np.testing.assert_array_equal(np.asarray(head.target_ids(jnp.asarray(drafted))), expected)
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    """A target for the heads, saved as a Hugging Face directory: `speculators` reads the
+    verifier a head names when it loads one."""
+    config = TransformerConfig.tiny(
+        vocab_size=V, d_model=H, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=16
+    )
+    directory = tmp_path_factory.mktemp("verifier")
+    save_model(Transformer(config, rngs=nnx.Rngs(0)), directory)
+    return config, directory
+
+
+def test_export_loads_in_speculators_with_the_same_logits(case, verifier, tmp_path):
+    name, model, _, head = case
+    save_speculators(head, tmp_path, verifier=str(verifier[1]))
+    config = speculators.Eagle3SpeculatorConfig.from_pretrained(str(tmp_path))
+    config.transformer_layer_config._attn_implementation = "eager"  # not flex attention
+    back = speculators.Eagle3DraftModel.from_pretrained(str(tmp_path), config=config)
+    features, tokens = inputs(2)
+    expected = reference_logits(model, features, tokens, steps=2)
+    for r, o in zip(
+        expected, reference_logits(back.eval(), features, tokens, steps=2), strict=True
+    ):
+        assert relative_error(o, r) < 1e-6, name
+    if model.d2t is not None:
+        np.testing.assert_array_equal(back.d2t.numpy(), model.d2t.numpy())
+        np.testing.assert_array_equal(back.t2d.numpy(), model.t2d.numpy())
