@@ -6,16 +6,19 @@ its PyTorch forward's, and our export loads back in `speculators` with the same 
 Also the release layout, the refusals of bad heads and `jax-specdec convert-head`."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from safetensors.numpy import load_file, save_file
 
+from jax_specdec.cli import main
 from jax_specdec.io.heads import load_head
 from jax_specdec.io.hf import save_model
-from jax_specdec.io.speculators import save_speculators
+from jax_specdec.io.speculators import check_target, save_speculators
 from jax_specdec.nn import KVCache, Transformer, TransformerConfig, init_cache
 from jax_specdec.nn.eagle3 import Eagle3Head
 
@@ -104,17 +107,18 @@ def reference_logits(model, features, tokens, steps=STEPS) -> list[np.ndarray]:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _decode(graphdef, state, hidden, tokens, cache):
-    return nnx.merge(graphdef, state).decode(hidden, tokens, cache)
+def _decode(graphdef, state, hidden, tokens, cache, embed):
+    return nnx.merge(graphdef, state).decode(hidden, tokens, cache, embed=embed)
 
 
-def our_logits(head: Eagle3Head, features, tokens, steps=STEPS) -> list[np.ndarray]:
+def our_logits(head: Eagle3Head, features, tokens, steps=STEPS, embed=None) -> list[np.ndarray]:
     """The same steps as the loop drafts them: the first over the T entries into the
     cache; then row b is a round whose pending position is b (cache valid below b + 1),
     each step one entry fed the previous step's hidden state and token b + s."""
     graphdef, state = nnx.split(head)
+    decode = functools.partial(_decode, graphdef, state, embed=embed)
     cache = init_cache(head.config.layer, batch=1, max_len=T + steps)
-    logits, hidden, cache = _decode(graphdef, state, features, jnp.asarray(tokens), cache)
+    logits, hidden, cache = decode(features, jnp.asarray(tokens), cache)
     out = [np.asarray(logits[0])]
     rows = KVCache(
         keys=tuple(jnp.repeat(k, T, axis=0) for k in cache.keys),
@@ -125,7 +129,7 @@ def our_logits(head: Eagle3Head, features, tokens, steps=STEPS) -> list[np.ndarr
     padded = np.concatenate([tokens[0], np.zeros(steps, tokens.dtype)])  # as it pads
     for s in range(1, steps):
         step_tokens = jnp.asarray(padded[s : s + T])[:, None]
-        logits, hidden, rows = _decode(graphdef, state, hidden, step_tokens, rows)
+        logits, hidden, rows = decode(hidden, step_tokens, rows)
         out.append(np.asarray(logits[:, 0]))
     return out
 
@@ -134,14 +138,26 @@ def relative_error(ours, reference) -> float:
     return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> (name, reference model, its directory, our head loaded from it)."""
+    cases = {}
+
+    def get(name):
+        if name not in cases:
+            style, draft_vocab, flags = CASES[name]
+            model = reference_model(style, draft_vocab, flags)
+            directory = tmp_path_factory.mktemp(name)
+            model.save_pretrained(str(directory))
+            cases[name] = name, model, directory, load_head(directory)
+        return cases[name]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
-def case(request, tmp_path_factory):
-    """(name, reference model, its directory, our head loaded from it)."""
-    style, draft_vocab, flags = CASES[request.param]
-    model = reference_model(style, draft_vocab, flags)
-    directory = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(str(directory))
-    return request.param, model, directory, load_head(directory)
+def case(request, saved):
+    return saved(request.param)
 
 
 def test_draft_logits_match_speculators(case):
@@ -178,10 +194,121 @@ def test_export_loads_in_speculators_with_the_same_logits(case, verifier, tmp_pa
     back = speculators.Eagle3DraftModel.from_pretrained(str(tmp_path), config=config)
     features, tokens = inputs(2)
     expected = reference_logits(model, features, tokens, steps=2)
-    for r, o in zip(
-        expected, reference_logits(back.eval(), features, tokens, steps=2), strict=True
-    ):
+    loaded = reference_logits(back.eval(), features, tokens, steps=2)
+    for r, o in zip(expected, loaded, strict=True):
         assert relative_error(o, r) < 1e-6, name
     if model.d2t is not None:
         np.testing.assert_array_equal(back.d2t.numpy(), model.d2t.numpy())
         np.testing.assert_array_equal(back.t2d.numpy(), model.t2d.numpy())
+
+
+def write_release(model, directory, draft_vocab: int) -> None:
+    """The model in the original EAGLE-3 release layout: a Llama config with
+    draft_vocab_size, the layer under midlayer., no token embedding."""
+    directory.mkdir()
+    tensors = {
+        name.replace("layers.0.", "midlayer."): p.detach().numpy()
+        for name, p in model.state_dict().items()
+        if not name.startswith(("embed_tokens", "verifier_"))
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
+    layer = model.config.transformer_layer_config
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": layer.intermediate_size,
+        "num_attention_heads": layer.num_attention_heads,
+        "num_key_value_heads": layer.num_key_value_heads,
+        "head_dim": layer.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": layer.rms_norm_eps,
+        "max_position_embeddings": 256,
+        "rope_theta": 10000.0,
+        "vocab_size": V,
+        "draft_vocab_size": draft_vocab,
+        "torch_dtype": "float32",
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_release_layout_reads_as_the_speculators_converter_converts_it(verifier, tmp_path):
+    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+    model = reference_model("llama", 64, {"norm_before_residual": True}, seed=3)
+    write_release(model, tmp_path / "release", 64)
+    embed = model.embed_tokens.weight.detach().numpy()
+    features, tokens = inputs(3)
+    expected = reference_logits(model, features, tokens)
+    # The release records neither norm_before_residual nor the target layers.
+    head = load_head(tmp_path / "release")
+    assert head.embed is None and not head.config.norm_before_residual
+    out = tmp_path / "converted"
+    argv = ["convert-head", str(tmp_path / "release"), str(out), "--norm-before-residual"]
+    argv += ["--verifier", str(verifier[1]), "--aux-layer-ids", "1,3,5"]
+    assert main(argv) == 0
+    Eagle3Converter().convert(
+        tmp_path / "release",
+        tmp_path / "theirs",
+        base_model=str(verifier[1]),
+        validate=False,
+        norm_before_residual=True,
+        eagle_aux_hidden_state_layer_ids=AUX,
+    )
+    for directory in (out, tmp_path / "theirs"):
+        head = load_head(directory)
+        assert head.config.aux_layer_ids == tuple(AUX) and head.config.norm_before_residual
+        for r, o in zip(expected, our_logits(head, features, tokens, embed=embed), strict=True):
+            assert relative_error(o, r) < 1e-5, directory.name
+
+
+def _broken(directory, tmp_path, tensors=None, config=None):
+    """A copy of a head's directory with its tensors or config changed."""
+    out = tmp_path / "broken"
+    out.mkdir()
+    weights = load_file(str(directory / "model.safetensors"))
+    save_file(tensors(weights) if tensors else weights, str(out / "model.safetensors"))
+    data = json.loads((directory / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config(data) if config else data))
+    return out
+
+
+def _shifted_d2t(weights):
+    weights["d2t"][-1] += V
+    return weights
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(tensors=lambda w: {k: v for k, v in w.items() if k != "norm.weight"}), "norm.weight"),
+        (dict(tensors=lambda w: {**w, "fc.weight": w["fc.weight"][:, :-1]}), "fc.weight"),
+        (dict(tensors=_shifted_d2t), "d2t points outside the target's vocabulary"),
+        (dict(tensors=lambda w: {k: v for k, v in w.items() if k != "d2t"}), "d2t is missing"),
+        (dict(config=lambda c: {**c, "speculators_model_type": "mtp"}), "speculators_model_type"),
+        (dict(config=lambda c: {**c, "fc_norm": "yes"}), "fc_norm"),
+    ],
+)
+def test_bad_heads_are_refused_naming_the_field(saved, tmp_path, change, message):
+    _, _, directory, _ = saved("llama-64")
+    with pytest.raises(ValueError, match=message):
+        load_head(_broken(directory, tmp_path, **change))
+
+
+def test_heads_for_another_target_are_refused(saved, verifier, tmp_path, capsys):
+    _, _, directory, head = saved("llama-64")
+    target = verifier[0]
+    check_target(head.config, target)  # the target it was made for
+    with pytest.raises(ValueError, match="hidden size 64.*hidden size is 32"):
+        check_target(head.config, target.replace(d_model=32))
+    with pytest.raises(ValueError, match="vocabulary is 200.*300"):
+        check_target(head.config, target.replace(vocab_size=300))
+    with pytest.raises(ValueError, match="layers \\[1, 3, 5\\].*has 4"):
+        check_target(head.config, target.replace(num_layers=4))
+    other = tmp_path / "other"
+    save_model(Transformer(target.replace(d_model=32, head_dim=8), rngs=nnx.Rngs(0)), other)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert-head", str(directory), str(tmp_path / "out"), "--target", str(other)])
+    assert exit_info.value.code == 2
+    assert "hidden size is 32" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

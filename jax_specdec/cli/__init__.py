@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import argparse
 
-from jax_specdec.cli import balance, batch, convert, generate, sweep, train, train_drafter
+from jax_specdec.cli import (
+    balance,
+    batch,
+    convert,
+    convert_head,
+    generate,
+    sweep,
+    train,
+    train_drafter,
+)
 
 __all__ = ["build_parser", "main"]
 
-SUBCOMMANDS = (balance, generate, sweep, batch, train, train_drafter, convert)
+SUBCOMMANDS = (balance, generate, sweep, batch, train, train_drafter, convert, convert_head)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -188,6 +188,11 @@ def read_eagle3_config(path: str | os.PathLike, *, dtype: str = "float32") -> Ea
     if data is None:
         raise FileNotFoundError(f"{directory} has no {CONFIG}")
     where = str(directory / CONFIG)
+    if not (is_speculators(directory) or is_eagle3_release(directory)):
+        raise ValueError(
+            f"{where} is no EAGLE-3 head's: it has neither speculators_model_type nor "
+            "draft_vocab_size (nor an ...Eagle3 architecture)"
+        )
     shapes = _shapes(directory)
     if is_speculators(directory):
         config = _speculators_config(data, where, dtype)
@@ -297,11 +302,13 @@ def _vocab_map(tensors, config: Eagle3Config, where: str) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def load_eagle3(path: str | os.PathLike, param_dtype: str | None = None) -> Eagle3Head:
+def load_eagle3(path: str | os.PathLike, param_dtype: str | None = None, **overrides) -> Eagle3Head:
     """An `Eagle3Head` from a `speculators` or release directory; every tensor checked.
 
     Weights keep their stored type (bfloat16 heads compute in bfloat16, float16 ones
-    in float32 with float16 weights), or take `param_dtype` if given.
+    in float32 with float16 weights), or take `param_dtype` if given. `overrides` replace
+    `Eagle3Config` fields the files do not say (a release names no verifier, target
+    layers or `norm_before_residual`), e.g. aux_layer_ids=(2, 16, 29).
     """
     directory = Path(path)
     tensors = _read_tensors(directory)
@@ -309,6 +316,11 @@ def load_eagle3(path: str | os.PathLike, param_dtype: str | None = None) -> Eagl
     stored = fc.dtype.name if fc is not None else "float32"
     dtype = "bfloat16" if stored == "bfloat16" else "float32"
     config = read_eagle3_config(directory, dtype=dtype)
+    if overrides:
+        try:
+            config = config.replace(**overrides)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{directory}: {e}") from None
     if param_dtype is not None or stored in ("float16", "bfloat16"):
         config = config.replace(layer=config.layer.replace(param_dtype=param_dtype or stored))
     where = str(_weights_file(directory))
