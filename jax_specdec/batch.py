@@ -13,13 +13,14 @@ with a different job is refused. Every input line is checked when the file is re
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
 (63 bits of SHA-256, so a million rows do not share a seed). Rows are grouped by their
-sampling settings and sorted by prompt length (then input line). With slots (the
-default) a group runs in calls of up to `rows_per_call` rows (CALL_SLOTS x slots
-unless given), each call feeding
-its rows through the slots (a finished row's slot takes the next row inside the
-program; rows of any budget share a call). With fixed batches, groups are also split
-by max_new_tokens and cut into batches of `batch_size`, each running until its
-slowest row is done. The plan covers all rows, and a restart runs the same plan minus
+Rows are sorted by prompt length (then input line); rows of every sampling setting share
+calls, each row sampled by its own (`sampling.RowSampling`) under one `SamplingPlan` for
+the whole job, so the job is one compiled program per call shape. With slots (the
+default) the rows run in calls of up to `rows_per_call` rows (CALL_SLOTS x slots unless
+given), each call feeding its rows through the slots (a finished row's slot takes the
+next row inside the program; rows of any budget share a call). With fixed batches,
+rows are grouped by max_new_tokens and cut into batches of `batch_size`, each running
+until its slowest row is done. The plan covers all rows, and a restart runs the same plan minus
 the finished ids. A row's tokens depend on its seed and prompt only (the loop keeps
 rows independent), so the output does not depend on slots, batch size, bucketing,
 order or restarts; an interrupted and restarted job writes the same lines in the
@@ -28,7 +29,7 @@ same order.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from jax_specdec.batch_input import JobError, JobRow, derive_seed, read_rows, seed_key_data
+from jax_specdec.sampling import RowSampling, SamplingPlan
 
 __all__ = [
     "CALL_SLOTS",
@@ -61,16 +63,16 @@ CALL_SLOTS = 16
 def plan_batches(
     rows: Iterable[JobRow], batch_size: int, *, by_budget: bool = True, max_len: int | None = None
 ) -> list[list[JobRow]]:
-    """Rows grouped by sampling (and max_new_tokens if `by_budget`), sorted by prompt
-    length (then input line), cut into calls of at most batch_size rows; with `max_len`,
+    """Rows (grouped by max_new_tokens if `by_budget`) sorted by prompt length (then
+    input line), cut into calls of at most batch_size rows; with `max_len`,
     also wherever a call's longest prompt and largest budget would not fit in it
     together (one compiled call holds both). Deterministic for a set of rows, and for
     the rows after any cut."""
     groups: dict = {}
     for row in rows:
-        groups.setdefault((row.sampling, row.max_new_tokens if by_budget else 0), []).append(row)
+        groups.setdefault(row.max_new_tokens if by_budget else 0, []).append(row)
     plan = []
-    for key in sorted(groups, key=lambda k: (dataclasses.astuple(k[0]), k[1])):
+    for key in sorted(groups):
         call: list[JobRow] = []
         for row in sorted(groups[key], key=lambda r: (len(r.tokens), r.line)):
             if call and (len(call) == batch_size or not _fits([*call, row], max_len)):
@@ -173,7 +175,8 @@ def make_generate(
         rows = len(prompts)
         extra = -rows % data if num_slots is None else max(data - rows, 0)
         prompts = prompts + [prompts[-1]] * extra
-        keys = keys[np.minimum(np.arange(rows + extra), rows - 1)]
+        repeat = np.minimum(np.arange(rows + extra), rows - 1)
+        keys, sampling = keys[repeat], sampling.at(repeat)
         max_new_tokens = list(max_new_tokens) + [max_new_tokens[-1]] * extra
         slots = None
         if num_slots is not None:
@@ -216,14 +219,14 @@ def run_job(
     Args:
       rows: from `read_rows`.
       output: the results file (created, or resumed).
-      generate: fn(prompts: list[list[int]], keys, sampling, max_new_tokens: [int]) ->
-        GenerationOutput for one call (speculative or autoregressive).
+      generate: fn(prompts: list[list[int]], keys, sampling: RowSampling, max_new_tokens:
+        [int]) -> GenerationOutput for one call (speculative or autoregressive).
       job: what identifies the job (models, seed, schedule, defaults); stored beside
         the output with the first row and compared on restart.
       batch_size: rows per fixed batch (when `slots` is None).
       slots: the slots `generate` runs its rows through: calls of up to
-        `rows_per_call` (default CALL_SLOTS x slots) rows of one sampling group,
-        whatever their budgets.
+        `rows_per_call` (default CALL_SLOTS x slots) rows, whatever their budgets and
+        sampling settings.
       detokenize: fn(ids) -> text, or None.
       max_len: the models' context: no call holds a longest prompt and a largest budget
         that do not fit in it together.
@@ -247,17 +250,21 @@ def run_job(
     else:  # calls through slots, whatever the budgets
         limit = rows_per_call or CALL_SLOTS * slots
     plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
+    # One sampling plan for every call (of all the job's rows, so a restart compiles the
+    # same program): rows of any settings share calls and programs.
+    sampling = SamplingPlan.of([r.sampling for r in rows])
     counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
     totals = dict.fromkeys(counters, 0)
     start = time.perf_counter()
-    interrupted = _append(output, job, plan, totals, generate, detokenize, progress, stop)
+    run = functools.partial(_run_batch, generate=generate, detokenize=detokenize, plan=sampling)
+    interrupted = _append(output, job, plan, totals, run, progress, stop)
     summary = _summary(totals, len(done), time.perf_counter() - start)
     return {**summary, "interrupted": interrupted}
 
 
-def _append(output, job, plan, totals, generate, detokenize, progress, stop) -> bool:
-    """Runs the plan's calls, appending each call's lines (the job file with the first);
-    returns whether `stop` ended it early."""
+def _append(output, job, plan, totals, run, progress, stop) -> bool:
+    """Runs the plan's calls with `run` (`_run_batch`), appending each call's lines (the
+    job file with the first); returns whether `stop` ended it early."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -266,7 +273,7 @@ def _append(output, job, plan, totals, generate, detokenize, progress, stop) -> 
         for batch in plan:
             if stop is not None and stop():
                 return True
-            results, slot_rounds = _run_batch(batch, generate, detokenize)
+            results, slot_rounds = run(batch)
             if not _job_file(output).exists():
                 _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
             totals["slot_rounds"] += slot_rounds
@@ -289,15 +296,17 @@ def _add_up(totals: dict, results: list[dict]) -> None:
             totals[k] += r["stats"][k]
 
 
-def _run_batch(batch: list[JobRow], generate, detokenize) -> tuple[list[dict], int]:
-    """One call of `generate`: an output record per row, and the call's slot-rounds."""
+def _run_batch(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict], int]:
+    """One call of `generate` (rows sampled under the job's `SamplingPlan`): an output
+    record per row, and the call's slot-rounds."""
     import jax
 
     keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
     budgets = [r.max_new_tokens for r in batch]
+    sampling = RowSampling.of([r.sampling for r in batch], plan)
     with warnings.catch_warnings():  # checked below, for the rows' ids
         warnings.filterwarnings("ignore", "NaN/inf logits", RuntimeWarning)
-        out = generate([list(r.tokens) for r in batch], keys, batch[0].sampling, budgets)
+        out = generate([list(r.tokens) for r in batch], keys, sampling, budgets)
     bad = np.flatnonzero(np.asarray(out.stats.nonfinite))
     if bad.size:
         rows = ", ".join(f"{batch[b].key} (line {batch[b].line})" for b in bad[:4])

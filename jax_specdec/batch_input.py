@@ -98,7 +98,7 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
         overrides = {k: obj[k] for k in _SAMPLING_FIELDS if k in obj}
         row_sampling = dataclasses.replace(sampling, **overrides) if overrides else sampling
     except (ValueError, TypeError) as e:
-        raise JobError(f"line {line}: {e}") from None
+        raise JobError(f"line {line} (id {json.dumps(row_id)}): {e}") from None
     new = obj.get("max_new_tokens", max_new_tokens)
     if isinstance(new, bool) or not isinstance(new, int) or not 1 <= new <= INT32_MAX:
         raise JobError(f"line {line}: 'max_new_tokens' must be an integer in [1, {INT32_MAX}]")

@@ -19,12 +19,22 @@ index winning ties; top-k and top-p do not change an argmax.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
-__all__ = ["SamplingConfig", "probs_from_logits", "sample", "sample_with_uniforms"]
+__all__ = [
+    "RowSampling",
+    "SamplingConfig",
+    "SamplingPlan",
+    "probs_from_logits",
+    "sample",
+    "sample_with_uniforms",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,28 +81,159 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig = SamplingConfig
     """
     if not isinstance(config, SamplingConfig):
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    return _one_setting(_checked_logits(logits), config)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _one_setting(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """`_transform` with every row at `config` (one program per shape when called eagerly)."""
+    one = lambda value, dtype: jnp.full((1,) * logits.ndim, value, dtype)  # noqa: E731
+    rows = (
+        one(config.temperature, jnp.float32),
+        one(config.top_k, jnp.int32),
+        one(config.top_p, jnp.float32),
+    )
+    return _transform(logits, rows, SamplingPlan.of([config]))
+
+
+def _checked_logits(logits) -> jax.Array:
     logits = jnp.asarray(logits)
     if logits.ndim < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have shape [..., V] with V >= 1, got {logits.shape}")
-    logits = logits.astype(jnp.float32)
-    vocab = logits.shape[-1]
-    if config.greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    return logits.astype(jnp.float32)
 
-    logits = logits / config.temperature
-    if 0 < config.top_k < vocab:
-        kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]  # [..., 1]
-        logits = jnp.where(logits >= kth, logits, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1)
-    if config.top_p < 1.0:
-        sorted_probs = -jnp.sort(-probs, axis=-1)  # descending
-        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-        # The least probable kept token: the last one whose preceding mass is < top_p.
-        num_kept = jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True)
-        threshold = jnp.take_along_axis(sorted_probs, num_kept - 1, axis=-1)
-        probs = jnp.where(probs >= threshold, probs, 0.0)
-        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+
+def _transform(logits: jax.Array, rows, plan: SamplingPlan) -> jax.Array:
+    """The transforms of the module docstring on float32 logits [..., V] with each row's
+    (temperature, top_k, top_p) broadcastable to [..., 1]; `plan` says statically which
+    of them any row uses, so a program of greedy rows computes only an argmax."""
+    vocab = logits.shape[-1]
+    greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    if plan.greedy:
+        return greedy
+    temperature, top_k, top_p = rows
+    is_greedy = temperature == 0.0
+    scaled = logits / jnp.where(is_greedy, 1.0, temperature)
+    largest = min(plan.top_k, vocab)
+    if largest > 0:
+        top = jax.lax.top_k(scaled, largest)[0]  # [..., k] descending
+        k = jnp.broadcast_to(top_k, top.shape[:-1] + (1,))
+        kth = jnp.take_along_axis(top, jnp.clip(k - 1, 0, largest - 1), axis=-1)
+        filters = (k > 0) & (k < vocab)
+        scaled = jnp.where(filters & (scaled < kth), -jnp.inf, scaled)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    if plan.top_p:
+        probs = _nucleus(probs, top_p)
+    if plan.any_greedy:
+        probs = jnp.where(is_greedy, greedy, probs)
     return probs
+
+
+def _nucleus(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Top-p on probs [..., V] for rows whose top_p < 1 (the others are kept as they are):
+    the smallest set of most probable tokens whose mass reaches top_p, ties with the least
+    probable kept token kept, renormalised."""
+    sorted_probs = -jnp.sort(-probs, axis=-1)  # descending
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    # The least probable kept token: the last one whose preceding mass is < top_p.
+    num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(sorted_probs, num_kept - 1, axis=-1)
+    kept = jnp.where(probs >= threshold, probs, 0.0)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    return jnp.where(top_p < 1.0, kept, probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingPlan:
+    """Which transforms any row of a program uses: the static part of per-row sampling
+    (`RowSampling`), so rows of several settings share one compiled program.
+
+    Attributes:
+      greedy: every row is greedy (nothing is drawn; an argmax is all that is computed).
+      any_greedy: some row is greedy.
+      top_k: the largest top-k of any row (0: no row uses top-k).
+      top_p: some row uses top-p.
+    """
+
+    greedy: bool
+    any_greedy: bool
+    top_k: int
+    top_p: bool
+
+    @classmethod
+    def of(cls, settings) -> SamplingPlan:
+        """The plan of a sequence of `SamplingConfig`s."""
+        return cls(
+            greedy=all(s.greedy for s in settings),
+            any_greedy=any(s.greedy for s in settings),
+            top_k=max(0 if s.greedy else s.top_k for s in settings),
+            top_p=any(not s.greedy and s.top_p < 1.0 for s in settings),
+        )
+
+    def covers(self, other: SamplingPlan) -> bool:
+        """Whether rows of plan `other` can run under this one (with the same tokens)."""
+        if self.greedy:
+            return other.greedy
+        return (
+            (self.any_greedy or not other.any_greedy)
+            and self.top_k >= other.top_k
+            and (self.top_p or not other.top_p)
+        )
+
+
+@struct.dataclass
+class RowSampling:
+    """Each row's sampling setting as arrays [B] (a pytree; `plan` is its static part).
+
+    A row gets exactly the probabilities `probs_from_logits` gives for its own
+    `SamplingConfig`, whatever its neighbours ask for: every transform is applied per row,
+    and one a row does not use leaves its probabilities as they are.
+
+    Attributes:
+      temperature: [B] float32, 0 for a greedy row.
+      top_k: [B] int32, 0 off.
+      top_p: [B] float32, 1 off.
+      plan: the `SamplingPlan` of the rows (static).
+    """
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    plan: SamplingPlan = struct.field(pytree_node=False)
+
+    @classmethod
+    def of(cls, settings, plan: SamplingPlan | None = None) -> RowSampling:
+        """Host arrays (numpy) of a sequence of B `SamplingConfig`s, under `plan` (one
+        plan for every call of a job keeps it one program) or their own."""
+        settings = list(settings)
+        for b, s in enumerate(settings):
+            if not isinstance(s, SamplingConfig):
+                raise TypeError(f"sampling[{b}] must be a SamplingConfig, got {type(s).__name__}")
+        own = SamplingPlan.of(settings)
+        if plan is not None and not plan.covers(own):
+            raise ValueError(f"plan {plan} does not cover these rows' settings ({own})")
+        return cls(
+            temperature=np.array([s.temperature for s in settings], np.float32),
+            top_k=np.array([s.top_k for s in settings], np.int32),
+            top_p=np.array([s.top_p for s in settings], np.float32),
+            plan=own if plan is None else plan,
+        )
+
+    @property
+    def greedy(self) -> bool:
+        """Every row is greedy (static)."""
+        return self.plan.greedy
+
+    def probs(self, logits: jax.Array) -> jax.Array:
+        """Float32 probabilities [B, ..., V] of logits [B, ..., V], row b by its setting."""
+        logits = _checked_logits(logits)
+        shape = (-1,) + (1,) * (logits.ndim - 1)
+        rows = tuple(a.reshape(shape) for a in (self.temperature, self.top_k, self.top_p))
+        return _transform(logits, rows, self.plan)
+
+    def at(self, index) -> RowSampling:
+        """The rows at `index` (an int array or slice), same plan."""
+        return jax.tree.map(lambda a: a[index], self)
 
 
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:

@@ -10,6 +10,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from helpers import count_compiles
 
 from jax_specdec.batch import derive_seed, seed_key_data
 from jax_specdec.cli import main
@@ -80,6 +81,33 @@ def test_rows_do_not_depend_on_slots_batch_size_or_order(pair, tmp_path, capsys)
     assert a["0"]["tokens"] != a["6"]["tokens"]
 
 
+SETTINGS = [{}, {"temperature": 0}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 5}]
+
+
+def test_a_job_of_mixed_settings_is_one_program_and_each_row_its_own(pair, tmp_path, capsys):
+    """Rows of five sampling settings share the slots and one compiled program (as many
+    programs as a job of one setting compiles); each row's tokens are those a job of its
+    own setting writes for it."""
+    rows = [{"id": i, "prompt": PROMPTS[i % len(PROMPTS)]} for i in range(10)]
+    mixed = [{**r, **SETTINGS[i % len(SETTINGS)]} for i, r in enumerate(rows)]
+    own = {}
+    for k, setting in enumerate(SETTINGS[:2]):  # the job's default (T = 1), and greedy
+        inp = write_input(tmp_path / f"own{k}.jsonl", [{**r, **setting} for r in rows])
+        with count_compiles() as compiled:
+            assert run(pair, inp, tmp_path / f"own{k}.out", "--slots", "3") == 0
+        own[k] = by_id(tmp_path / f"own{k}.out")
+    inp = write_input(tmp_path / "mixed.jsonl", mixed)
+    with count_compiles() as mixed_compiled:
+        assert run(pair, inp, tmp_path / "mixed.out", "--slots", "3") == 0
+    capsys.readouterr()
+    assert mixed_compiled[0] == compiled[0] >= 1  # grouped by setting, it compiled five
+    got = by_id(tmp_path / "mixed.out")
+    for i in range(len(rows)):
+        if i % len(SETTINGS) < 2:
+            assert got[str(i)]["tokens"] == own[i % len(SETTINGS)][str(i)]["tokens"], i
+    assert got["2"]["tokens"] != own[0]["2"]["tokens"]  # T = 0.7 is not T = 1
+
+
 def test_seed_key_data_is_jax_random_key_for_32_bit_seeds():
     for seed in (0, 5, 2**32 - 1):
         key = jax.random.key_data(jax.random.key(seed))
@@ -136,7 +164,9 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
         (['{"id": 1, "prompt": "a"}', '{"id": 1, "prompt": "b"}'], "line 2: duplicate id 1"),
         (['{"id": 1}'], "exactly one of 'prompt'"),
         (['{"id": 1, "tokens": [1, 99999]}'], "'tokens' must lie in"),
-        (['{"id": 1, "prompt": "a", "temperature": -1}'], "line 1: temperature"),
+        (['{"id": 1, "prompt": "a", "temperature": -1}'], "line 1 (id 1): temperature"),
+        (['{"id": "r", "prompt": "a", "top_p": 0}'], 'line 1 (id "r"): top_p'),
+        (['{"id": 2, "prompt": "a", "top_k": -1}'], "line 1 (id 2): top_k"),
         (['{"id": 1, "prompt": "a", "colour": 3}'], "unknown field"),
         (['{"id": 1, "prompt": "a", "seed": -4}'], "'seed'"),
     ],

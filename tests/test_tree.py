@@ -37,7 +37,7 @@ from jax_specdec.decode.tree import (
     walk,
 )
 from jax_specdec.decode.tree_accept import accept_rsd, draw_children, static_shape
-from jax_specdec.sampling import SamplingConfig
+from jax_specdec.sampling import RowSampling, SamplingConfig
 from jax_specdec.schedules import Heuristic
 
 # A star of 3 children, a path of 3, and a depth-3 tree of 7 nodes (parent of node v+1).
@@ -67,7 +67,7 @@ class FixedTree(NGram):
 
     def propose_tree(self, model, cache, inputs, prepared, tree, config):
         batch, n = inputs.lengths.shape[0], len(self.parents)
-        if config.sampling.greedy:
+        if inputs.sampling.greedy:
             last = jnp.take_along_axis(inputs.tokens, inputs.lengths[:, None] - 1, axis=1)
             tokens = (last + jnp.arange(n)[None] // 2) % config.vocab_size
         else:
@@ -120,7 +120,7 @@ _ancestors = jax.jit(ancestors, static_argnums=1)
 _depths = jax.jit(depths)
 _walk = jax.jit(walk, static_argnums=2)
 _trie = jax.jit(trie, static_argnums=2)
-_target_tokens = jax.jit(target_tokens, static_argnums=2)
+_target_tokens = jax.jit(target_tokens)
 
 
 def test_ancestors_and_depths_of_a_known_tree():
@@ -177,9 +177,10 @@ def test_walk_matches_a_numpy_reference():
 def test_target_tokens_draw_each_node_from_its_own_p():
     logits = jnp.log(jnp.asarray([[[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]]]))
     draws = jnp.asarray([[0.6, 0.1]])
-    y = _target_tokens(logits, draws, SamplingConfig(1.0))
+    rows = lambda t: RowSampling.of([SamplingConfig(t)])  # noqa: E731
+    y = _target_tokens(logits, draws, rows(1.0))
     assert np.asarray(y).tolist() == [[1, 1]]  # inverse CDF: 0.6 -> 1; 0.1 -> 1
-    assert np.asarray(_target_tokens(logits, draws, SamplingConfig(0.0))).tolist() == [[0, 2]]
+    assert np.asarray(_target_tokens(logits, draws, rows(0.0))).tolist() == [[0, 2]]
 
 
 def test_trie_merges_shared_prefixes_and_cuts_at_its_size():
@@ -459,7 +460,9 @@ def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
     pending = int(np.argmax(np.asarray(logits)[0, -1]))
     cache = drafter.init(model, prompts, lengths, config, features=features)
     buffer = jnp.zeros((1, 16), jnp.int32).at[0, :5].set(jnp.asarray(prompt + [pending]))
-    inputs = DraftInputs(buffer, lengths + 1, jnp.zeros(1, bool), jnp.zeros((1, 3), jnp.int32), 3)
+    greedy = jax.tree.map(jnp.asarray, RowSampling.of([SamplingConfig(0.0)]))
+    keys = jnp.zeros((1, 3), jnp.int32)
+    inputs = DraftInputs(buffer, lengths + 1, jnp.zeros(1, bool), keys, 3, greedy)
     cache, prepared, _ = drafter.prepare(model, cache, inputs, config)
     scores, tokens, parents, _ = candidates(model, cache, prepared, tree)
     want = _reference_tree(target, head, prompt + [pending], tree)

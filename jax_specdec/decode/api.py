@@ -183,7 +183,14 @@ class Generator:
             self._states.append(None)
 
     def bind(
-        self, prompts, *, key: jax.Array, max_new_tokens, prompt_lengths=None, num_slots=None
+        self,
+        prompts,
+        *,
+        key: jax.Array,
+        max_new_tokens,
+        prompt_lengths=None,
+        num_slots=None,
+        sampling=None,
     ) -> Run:
         """Validates and places one call's inputs; returns the `Run` that generates.
 
@@ -199,9 +206,13 @@ class Generator:
             first); every prompt gets the tokens it gets alone. The prompts are padded
             to S·2^k rows, so a different B in the same bucket reuses the compiled
             program. None: one row per prompt.
+          sampling: one `SamplingConfig`, one per prompt, or a `RowSampling` of one row
+            per prompt (rows of several settings run in one program, each row sampled
+            by its own); None: the Generator's.
         """
+        sampling = self.sampling if sampling is None else sampling
         request = make_request(
-            prompts, prompt_lengths, key, max_new_tokens, vocab_size=self.vocab_size
+            prompts, prompt_lengths, key, max_new_tokens, sampling, vocab_size=self.vocab_size
         )
         limit = min(m.config.max_len for _, m in self._models)
         if request.prompts.shape[1] + request.max_new_tokens > limit:  # padding too wide
@@ -224,7 +235,6 @@ class Generator:
             draft_def=self._defs[1],
             drafter=self.drafter,
             schedule=self.schedule,
-            sampling=self.sampling,
             max_new_tokens=request.max_new_tokens,
             eos_token_id=self.eos_token_id,
             vocab_size=self.vocab_size,
@@ -240,24 +250,33 @@ class Generator:
         return Run(config, request, args, order)
 
     def _place(self, request: Request, num_slots: int | None, order):
-        rows = request.batch
-        arrays = (request.prompts, request.prompt_lengths, request.keys, request.budgets)
+        r = request
+        arrays = (r.prompts, r.prompt_lengths, r.keys, r.budgets, r.sampling)
         if num_slots is not None:
             data = 1 if self.mesh is None else self.mesh.shape["data"]
             if num_slots % data:
                 raise ValueError(
                     f"the mesh's data axis ({data}) does not divide num_slots ({num_slots})"
                 )
-            arrays = queue_rows(tuple(a[order] for a in arrays), num_slots)
-            rows = arrays[0].shape[0]
+            ordered = (*(a[order] for a in arrays[:4]), r.sampling.at(order))
+            arrays = queue_rows(ordered, num_slots)
         if self.mesh is None:
-            return tuple(map(jnp.asarray, arrays))
-        check_mesh(self.mesh, [], batch=rows)
+            return tuple(jax.tree.map(jnp.asarray, a) for a in arrays)
+        check_mesh(self.mesh, [], batch=arrays[0].shape[0])
         key_data = np.asarray(jax.random.key_data(arrays[2]))
-        return place_rows(self.mesh, arrays[0], arrays[1], key_data, arrays[3])
+        leaves, treedef = jax.tree.flatten(arrays[4])
+        placed = place_rows(self.mesh, arrays[0], arrays[1], key_data, arrays[3], *leaves)
+        return (*placed[:4], jax.tree.unflatten(treedef, placed[4:]))
 
     def __call__(
-        self, prompts, *, key: jax.Array, max_new_tokens, prompt_lengths=None, num_slots=None
+        self,
+        prompts,
+        *,
+        key: jax.Array,
+        max_new_tokens,
+        prompt_lengths=None,
+        num_slots=None,
+        sampling=None,
     ):
         """Generates: `bind(...)` and run, with a warning if NaN/inf logits were met."""
         run = self.bind(
@@ -266,6 +285,7 @@ class Generator:
             max_new_tokens=max_new_tokens,
             prompt_lengths=prompt_lengths,
             num_slots=num_slots,
+            sampling=sampling,
         )
         return _checked(run())
 
@@ -333,14 +353,16 @@ def speculative_generate(
     max_new_tokens,
     prompt_lengths=None,
     num_slots: int | None = None,
+    sampling=None,
     **settings,
 ) -> GenerationOutput:
     """Generates with speculative decoding; distributed exactly as sampling from `target`.
 
     `Generator(target, draft, **settings)(prompts, key=..., max_new_tokens=...)`: see
     `Generator` for `schedule` (an int γ or a policy; `num_draft_tokens` is an alias),
-    `sampling` (default greedy), `eos_token_id`, `vocab_size`, `pad_token_id`, `mesh`,
-    and `Generator.bind` for the prompts, key, budgets and `num_slots`.
+    `eos_token_id`, `vocab_size`, `pad_token_id`, `mesh`, and `Generator.bind` for the
+    prompts, key, budgets, `num_slots` and `sampling` (one setting or one per prompt;
+    default greedy).
 
     Returns:
       GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
@@ -357,6 +379,7 @@ def speculative_generate(
         max_new_tokens=max_new_tokens,
         prompt_lengths=prompt_lengths,
         num_slots=num_slots,
+        sampling=sampling,
     )
 
 
@@ -368,11 +391,12 @@ def autoregressive_generate(
     max_new_tokens,
     prompt_lengths=None,
     num_slots: int | None = None,
+    sampling=None,
     **settings,
 ) -> GenerationOutput:
     """Plain decoding, one target call per token: `Generator(target, **settings)` called on
-    the prompts (`sampling`, `eos_token_id`, `pad_token_id`, `mesh`; default greedy;
-    `num_slots` as in `Generator.bind`)."""
+    the prompts (`eos_token_id`, `pad_token_id`, `mesh`; `num_slots` and `sampling`, one
+    setting or one per prompt, default greedy, as in `Generator.bind`)."""
     generator = Generator(target, **settings)
     return generator(
         prompts,
@@ -380,4 +404,5 @@ def autoregressive_generate(
         max_new_tokens=max_new_tokens,
         prompt_lengths=prompt_lengths,
         num_slots=num_slots,
+        sampling=sampling,
     )

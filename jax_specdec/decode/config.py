@@ -1,8 +1,9 @@
 """The loop's one static configuration: everything the compiled program is specialised on.
 
 A `LoopConfig` is frozen and hashable; it is the only static argument of the program
-(`program.generate`), so a second call with an equal config and same-shaped arrays
-does not recompile.
+(`program.generate`) besides the rows' `SamplingPlan` (the static part of their
+`RowSampling`), so a second call with an equal config and plan and same-shaped arrays
+does not recompile. Sampling settings are arrays, one per row.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 from jax.sharding import Mesh
 
 from jax_specdec.acceptance import accept_with_noise
-from jax_specdec.sampling import SamplingConfig
 
 __all__ = ["LoopConfig"]
 
@@ -30,7 +30,6 @@ class LoopConfig:
       drafter: how tokens are proposed (`decode.drafter.Drafter`); None: autoregressive.
       schedule: how many tokens each row drafts per round (`jax_specdec.schedules`);
         None: autoregressive.
-      sampling: temperature / top-k / top-p, applied identically to target and draft.
       max_new_tokens: tokens generated per row (fewer after an EOS).
       eos_token_id: a row stops after emitting it; None: no EOS.
       vocab_size: logits beyond it are dropped (models padded beyond the tokenizer).
@@ -50,7 +49,6 @@ class LoopConfig:
     draft_def: Any
     drafter: Any
     schedule: Any
-    sampling: SamplingConfig
     max_new_tokens: int
     eos_token_id: int | None
     vocab_size: int

@@ -28,29 +28,36 @@ from jax_specdec.decode.state import (
 )
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.nn import write_entries
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["DraftModel", "EarlyExit"]
 
 
-def _step(model, config, cache, recent, inputs, key):
-    """One draft call on a read-only cache: x [B], q [B, V], the new entries, a NaN flag
-    [B] and the draft's confidence in x: q(x), or under greedy decoding (q one-hot) the
-    softmax of the raw logits at x."""
-    logits, keys, values = model.decode_entries(inputs, cache, recent)
+def _step(model, config, sampling, cache, recent, tokens, key):
+    """One draft call on `tokens` with a read-only cache: x [B], q [B, V], the new entries,
+    a NaN flag [B] and the draft's confidence in x (`_confidence`)."""
+    logits, keys, values = model.decode_entries(tokens, cache, recent)
     logits = logits[:, -1, : config.vocab_size]
-    q = probs_from_logits(logits, config.sampling)  # [B, V]
-    x = choose(key, logits, q, config.sampling)
-    conf = q if not config.sampling.greedy else jax.nn.softmax(logits, axis=-1)
-    conf = jnp.take_along_axis(conf, x[:, None], axis=1)[:, 0]
+    q = sampling.probs(logits)  # [B, V]
+    x = choose(key, logits, q, sampling)
+    conf = jnp.take_along_axis(_confidence(logits, q, sampling), x[:, None], axis=1)[:, 0]
     return x, q, (keys, values), nonfinite(logits), conf
+
+
+def _confidence(logits, q, sampling):
+    """[B, V] q, or for a greedy row (q one-hot) the softmax of its raw logits."""
+    if sampling.greedy:
+        return jax.nn.softmax(logits, axis=-1)
+    if not sampling.plan.any_greedy:
+        return q
+    greedy = (sampling.temperature == 0.0)[:, None]
+    return jnp.where(greedy, jax.nn.softmax(logits, axis=-1), q)
 
 
 def _first_step(model, config, cache, inputs: DraftInputs):
     """The first draft step: the row's last two tokens on the cache set to `lengths - 2`."""
     cache = cache.replace(lengths=inputs.lengths - 2)
     last_two = gather_last(inputs.tokens, inputs.lengths, 2)
-    return cache, _step(model, config, cache, None, last_two, inputs.keys[:, 0])
+    return cache, _step(model, config, inputs.sampling, cache, None, last_two, inputs.keys[:, 0])
 
 
 def _zero_entries(model, batch: int, size: int):
@@ -132,7 +139,7 @@ class DraftModel:
         for i in range(1, width):
             recent = (*entries, jnp.full_like(inputs.lengths, entries[0][0].shape[1]))
             x, q, new, step_bad, _ = _step(
-                model, config, cache, recent, x[:, None], inputs.keys[:, i]
+                model, config, inputs.sampling, cache, recent, x[:, None], inputs.keys[:, i]
             )
             entries = tuple(
                 tuple(jnp.concatenate([a, b], axis=1) for a, b in zip(old, fresh, strict=True))
@@ -201,7 +208,9 @@ class EarlyExit(DraftModel):
         def body(c: _Carry):
             key = jax.lax.dynamic_index_in_dim(inputs.keys, c.i, axis=1, keepdims=False)
             recent = (*c.entries, jnp.full_like(inputs.lengths, c.i + 1))
-            x, q, new, step_bad, conf = _step(model, config, cache, recent, c.x[:, None], key)
+            x, q, new, step_bad, conf = _step(
+                model, config, inputs.sampling, cache, recent, c.x[:, None], key
+            )
             put = lambda a, b: jax.lax.dynamic_update_slice_in_dim(a, b, c.i + 1, axis=1)  # noqa: E731
             return _Carry(
                 i=c.i + 1,

@@ -39,6 +39,8 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 
+from jax_specdec.sampling import RowSampling
+
 __all__ = ["DraftInputs", "Drafter", "Proposal", "reads_features"]
 
 
@@ -56,6 +58,7 @@ class DraftInputs(NamedTuple):
       done: [B] bool, finished rows (their proposals are ignored).
       keys: [B, γ_max] one key per draft step (int32 zeros under greedy decoding).
       want: [] int32, the widest γ the schedule asked of an active row this round.
+      sampling: each row's sampling setting (`RowSampling`), which q is computed with.
     """
 
     tokens: jax.Array
@@ -63,6 +66,7 @@ class DraftInputs(NamedTuple):
     done: jax.Array
     keys: jax.Array
     want: jax.Array
+    sampling: RowSampling
 
 
 class Proposal(NamedTuple):

@@ -128,15 +128,15 @@ class HeadDrafter:
         last = jnp.maximum(cache.count - 1, 0)[:, None, None]
         predicted = jnp.take_along_axis(predicted, last, axis=1)
         logits = model.head.logits(predicted)[:, 0]  # of entry L - 1 only
-        x, q, bad = _draft(model, logits, inputs.keys[:, 0], config)
+        x, q, bad = _draft(model, logits, inputs.keys[:, 0], config, inputs.sampling)
         return cache, _Prepared(keys, values, x, q, predicted, bad, logits), None
 
     def propose_tree(
         self, model: AttachedHead, cache: FeatureCache, inputs, prepared, tree, config
     ):
         """The round's tree (`decode.head_tree`), on a read-only cache."""
-        keys = None if config.sampling.greedy else inputs.keys[:, 0]
-        return head_tree.propose_tree(model, cache, prepared, tree, keys, config)
+        keys = None if inputs.sampling.greedy else inputs.keys[:, 0]
+        return head_tree.propose_tree(model, cache, prepared, tree, keys, config, inputs.sampling)
 
     def check_tree(self, tree):
         """Refuses a tree of more nodes than the head drafts candidates for it."""
@@ -162,7 +162,7 @@ class HeadDrafter:
             )
             recent.append((keys, values, jnp.ones((batch, 1), bool)))
             logits = model.head.logits(predicted)[:, 0]
-            x, q, step_bad = _draft(model, logits, inputs.keys[:, i], config)
+            x, q, step_bad = _draft(model, logits, inputs.keys[:, i], config, inputs.sampling)
             xs.append(x)
             qs.append(q)
             bad = bad | step_bad
@@ -236,8 +236,8 @@ class _Prepared(struct.PyTreeNode):
     logits: jax.Array  # [B, K] the kept tokens' logits at L - 1
 
 
-def _draft(model: AttachedHead, logits, key, config):
+def _draft(model: AttachedHead, logits, key, config, sampling):
     """Kept-token logits [B, K] -> (token [B], q [B, V], NaN flag [B]): q is the softmax
-    over the kept tokens after the sampling transforms, zero elsewhere."""
-    full, q = head_tree.kept_probs(model, logits, config)
-    return choose(key, full, q, config.sampling), q, nonfinite(logits)
+    over the kept tokens after each row's sampling transforms, zero elsewhere."""
+    full, q = head_tree.kept_probs(model, logits, config, sampling)
+    return choose(key, full, q, sampling), q, nonfinite(logits)

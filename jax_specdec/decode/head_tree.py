@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.tree import Tree, TreeProposal
 from jax_specdec.decode.tree_accept import draw_children, static_shape
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["best_nodes", "candidates", "capacity", "kept_probs", "propose_tree", "sampled_tree"]
 
@@ -39,30 +38,31 @@ def _top(logits, k: int):
     return jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
 
 
-def propose_tree(model, cache, prepared, tree: Tree, keys, config) -> TreeProposal:
+def propose_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> TreeProposal:
     """The head's tree of `tree.nodes` nodes for every row: EAGLE-2's (see the module
     docstring), or with sampling and unless `tree.sampled` is False a sampled tree of
     static shape (`sampled_tree`).
 
     `cache` is the drafter's `FeatureCache`, `prepared` its `prepare` output (the
     round's chunk of entries, the head's prediction at the pending position and its
-    kept-token logits) and `keys` [B] one drafting key per row."""
-    if tree.sampled or (tree.sampled is None and not config.sampling.greedy):
-        return sampled_tree(model, cache, prepared, tree, keys, config)
+    kept-token logits), `keys` [B] one drafting key per row and `sampling` the rows'
+    `RowSampling`."""
+    if tree.sampled or (tree.sampled is None and not sampling.greedy):
+        return sampled_tree(model, cache, prepared, tree, keys, config, sampling)
     scores, tokens, parents, bad = candidates(model, cache, prepared, tree)
     return TreeProposal(*best_nodes(scores, tokens, parents, tree), bad)
 
 
-def kept_probs(model, logits, config):
-    """Kept-token logits [..., K] -> q [..., V]: the softmax over the kept tokens after the
-    target's sampling transforms, zero elsewhere."""
+def kept_probs(model, logits, config, sampling):
+    """Kept-token logits [B, ..., K] -> q [B, ..., V]: the softmax over the kept tokens
+    after each row's sampling transforms, zero elsewhere."""
     ids = model.head.vocab_map[...]
     full = jnp.full((*logits.shape[:-1], config.vocab_size), -jnp.inf, jnp.float32)
     full = full.at[..., ids].set(logits.astype(jnp.float32), unique_indices=True)
-    return full, probs_from_logits(full, config.sampling)
+    return full, sampling.probs(full)
 
 
-def sampled_tree(model, cache, prepared, tree: Tree, keys, config) -> TreeProposal:
+def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> TreeProposal:
     """A tree of `tree_accept.static_shape`: each node's children drawn without
     replacement from the head's q there (its kept tokens after the sampling transforms),
     level by level, each level's inner nodes in one head call; q at every node is
@@ -86,7 +86,7 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config) -> TreePropos
             for j, v in enumerate(kids[u]):
                 tokens[v] = drawn[:, j]
 
-    expand(0, kept_probs(model, p.logits, config)[1])
+    expand(0, kept_probs(model, p.logits, config, sampling)[1])
     chunk_valid = jnp.arange(cache.features.shape[1])[None] < cache.count[:, None]
     recent = [(p.keys, p.values, chunk_valid)]
     earlier = []  # (keys, values, nodes) of each level's inner nodes
@@ -110,7 +110,7 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config) -> TreePropos
         )
         logits = model.head.logits(feats)  # [B, inner, K]
         bad = bad | nonfinite(logits.reshape(batch, -1))
-        q = kept_probs(model, logits, config)[1]
+        q = kept_probs(model, logits, config, sampling)[1]
         for i, v in enumerate(inner):
             predicted[v] = feats[:, i : i + 1]
             expand(v, q[:, i])

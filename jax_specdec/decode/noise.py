@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_specdec.sampling import SamplingConfig, sample, sample_with_uniforms
+from jax_specdec.sampling import RowSampling, sample, sample_with_uniforms
 
 __all__ = ["Noise", "choose", "draw", "round_keys", "round_noise"]
 
@@ -23,7 +23,9 @@ class Noise(NamedTuple):
     Under greedy decoding (temperature 0) nothing is drawn: p and q are one-hot, so
     zero uniforms accept exactly the drafts equal to the target's argmax, and a zero
     draw picks the first token with mass of the one-hot residual or bonus, its argmax.
-    The same shapes, all zeros, keep one code path.
+    The same shapes, all zeros, keep one code path. In a program mixing greedy and
+    sampled rows every row gets noise; a greedy row's one-hot p and q make its tests and
+    draws come out the same for any noise.
     """
 
     draft_keys: jax.Array  # [B, γ_max] one key per draft step (int32 zeros if greedy)
@@ -37,7 +39,7 @@ def round_keys(keys: jax.Array, round_index) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, rounds)
 
 
-def round_noise(keys, round_index, gamma_max: int, sampling: SamplingConfig) -> Noise:
+def round_noise(keys, round_index, gamma_max: int, sampling: RowSampling) -> Noise:
     """The noise of round `round_index` ([] or [B]) for rows with `keys` [B]."""
     batch = keys.shape[0]
     if sampling.greedy:
@@ -60,17 +62,18 @@ def round_noise(keys, round_index, gamma_max: int, sampling: SamplingConfig) -> 
     return Noise(draft_keys, uniforms, draws)
 
 
-def choose(keys, logits, probs, sampling: SamplingConfig) -> jax.Array:
-    """A token per row [B]: the argmax under greedy decoding (keys unused), else a draw
-    from probs [B, V] with keys [B]."""
+def choose(keys, logits, probs, sampling: RowSampling) -> jax.Array:
+    """A token per row [B]: the argmax when every row is greedy (keys unused), else a draw
+    from probs [B, V] with keys [B] (a greedy row's probs are one-hot on its argmax, and
+    the draw never takes a token of zero probability)."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return sample(keys, probs)
 
 
-def draw(draws, logits, probs, sampling: SamplingConfig) -> jax.Array:
-    """The token of a width-0 round from its draws [B]: the argmax under greedy decoding,
-    else inverse CDF on probs (what the acceptance step does with no drafts)."""
+def draw(draws, logits, probs, sampling: RowSampling) -> jax.Array:
+    """The token of a width-0 round from its draws [B]: the argmax when every row is
+    greedy, else inverse CDF on probs (what the acceptance step does with no drafts)."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return sample_with_uniforms(draws, probs)

@@ -21,16 +21,15 @@ from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
 from jax_specdec.decode.stats import GenerationOutput, init_stats, nonfinite
 from jax_specdec.decode.tree_round import tree_round
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["generate", "init_state"]
 
 
 def init_state(
-    target, draft, prompts, prompt_lengths, keys, budgets, config: LoopConfig
+    target, draft, prompts, prompt_lengths, keys, budgets, sampling, config: LoopConfig
 ) -> LoopState:
     """Prefills the target (and the drafter) with the prompts [B, P] and emits each row's
-    first token, drawn with fold_in(keys[b], 0)."""
+    first token, drawn with fold_in(keys[b], 0) by the row's `sampling`."""
     batch, width = prompts.shape
     features = reads_features(config.drafter)
     logits, target_cache, *hidden = target.decode(
@@ -43,9 +42,7 @@ def init_state(
     if config.drafter is not None:
         extra = {"features": hidden[0]} if features else {}
         draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config, **extra)
-    first = choose(
-        round_keys(keys, 0), last, probs_from_logits(last, config.sampling), config.sampling
-    )
+    first = choose(round_keys(keys, 0), last, sampling.probs(last), sampling)
     buffer_len = width + config.max_new_tokens + config.gamma_max + 1
     zeros = jnp.zeros((batch,), jnp.int32)
     state = LoopState(
@@ -54,6 +51,7 @@ def init_state(
         prompt_lengths=prompt_lengths,
         budgets=budgets,
         keys=keys,
+        sampling=sampling,
         target_cache=target_cache,
         draft_cache=draft_cache,
         done=jnp.zeros((batch,), bool),
@@ -83,7 +81,15 @@ def _loop_body(target, draft, config: LoopConfig):
 
 @functools.partial(jax.jit, static_argnames="config")
 def generate(
-    target_state, draft_state, prompts, prompt_lengths, keys, budgets, *, config: LoopConfig
+    target_state,
+    draft_state,
+    prompts,
+    prompt_lengths,
+    keys,
+    budgets,
+    sampling,
+    *,
+    config: LoopConfig,
 ) -> GenerationOutput:
     """The whole generation as one XLA program.
 
@@ -95,6 +101,8 @@ def generate(
       keys: [B] jax keys, or their [B, 2] uint32 key data (as placed on a mesh).
       budgets: [B] int32, max_new_tokens per row (<= config.max_new_tokens); with
         slots, 0 marks padding rows after the real prompts.
+      sampling: each row's sampling setting, a `RowSampling` [B] (its `SamplingPlan` is
+        static: rows of any settings under one plan share the compiled program).
       config: the static `LoopConfig`.
     """
     if keys.dtype == jnp.uint32:
@@ -103,8 +111,8 @@ def generate(
     draft = None if config.draft_def is None else nnx.merge(config.draft_def, draft_state)
     body = _loop_body(target, draft, config)
     if config.num_slots is not None:
-        state = init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config)
+        state = init_slots(target, draft, prompts, prompt_lengths, keys, budgets, sampling, config)
         return finish_slots(jax.lax.while_loop(running, body, state), config)
-    state = init_state(target, draft, prompts, prompt_lengths, keys, budgets, config)
+    state = init_state(target, draft, prompts, prompt_lengths, keys, budgets, sampling, config)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return finish(state, config)

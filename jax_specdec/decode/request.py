@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_specdec.sampling import RowSampling, SamplingConfig
+
 __all__ = ["INT32_MAX", "Request", "check_int", "longest_first", "make_request", "queue_rows"]
 
 #: the largest count, budget or length the compiled program holds (int32).
@@ -31,12 +33,14 @@ class Request:
       prompt_lengths: [B] int32, each >= 1.
       keys: [B] jax key array, one key per row.
       budgets: [B] int32, tokens to generate per row (fewer if the row emits EOS).
+      sampling: each row's sampling setting (`RowSampling` of numpy arrays [B]).
     """
 
     prompts: np.ndarray
     prompt_lengths: np.ndarray
     keys: jax.Array
     budgets: np.ndarray
+    sampling: RowSampling
 
     @property
     def max_new_tokens(self) -> int:
@@ -66,11 +70,15 @@ def check_int(name: str, value, low: int, high: int = INT32_MAX) -> int:
     return int(value)
 
 
-def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: int) -> Request:
+def make_request(
+    prompts, prompt_lengths, key, max_new_tokens, sampling, *, vocab_size: int
+) -> Request:
     """Validates the inputs of a generation call (token ids must lie in [0, vocab_size));
-    `max_new_tokens` is one int or one per prompt."""
+    `max_new_tokens` is one int or one per prompt, `sampling` one `SamplingConfig` or
+    one per prompt."""
     rows = _rows(prompts, prompt_lengths)
     budgets = _budgets(max_new_tokens, len(rows))
+    settings = _settings(sampling, len(rows))
     lengths = np.array([row.size for row in rows], np.int32)
     width = prompts.shape[1] if isinstance(prompts, (jax.Array, np.ndarray)) else lengths.max()
     for b, row in enumerate(rows):
@@ -84,7 +92,29 @@ def make_request(prompts, prompt_lengths, key, max_new_tokens, *, vocab_size: in
     padded = np.zeros((len(rows), int(width)), np.int32)
     for b, row in enumerate(rows):
         padded[b, : row.size] = row
-    return Request(padded, lengths, _row_keys(key, len(rows)), budgets)
+    return Request(padded, lengths, _row_keys(key, len(rows)), budgets, settings)
+
+
+def _settings(sampling, batch: int) -> RowSampling:
+    """[B] rows of sampling settings from one `SamplingConfig`, a sequence of B, or a
+    `RowSampling` of B rows (built under a chosen plan, `RowSampling.of`)."""
+    if isinstance(sampling, SamplingConfig):
+        return RowSampling.of([sampling] * batch)
+    if isinstance(sampling, RowSampling):
+        if np.shape(sampling.temperature) != (batch,):
+            raise ValueError(
+                f"sampling must hold [B] = [{batch}] rows, got {np.shape(sampling.temperature)}"
+            )
+        return jax.tree.map(np.asarray, sampling)
+    if isinstance(sampling, (str, bytes)) or not isinstance(sampling, Sequence):
+        raise TypeError(
+            f"sampling must be a SamplingConfig or one per prompt, got {type(sampling).__name__}"
+        )
+    if len(sampling) != batch:
+        raise ValueError(
+            f"sampling must be one SamplingConfig or [B] = [{batch}] of them, got {len(sampling)}"
+        )
+    return RowSampling.of(sampling)
 
 
 def _budgets(max_new_tokens, batch: int) -> np.ndarray:
@@ -186,10 +216,10 @@ def longest_first(budgets: np.ndarray) -> np.ndarray:
 
 
 def queue_rows(arrays, num_slots: int):
-    """Prompts, lengths, keys and budgets padded to S·2^k rows for `num_slots` = S (so
-    a different number of prompts in the same bucket reuses the program): padding rows
-    have a one-token prompt and budget 0 (never loaded)."""
-    prompts, lengths, keys, budgets = arrays
+    """Prompts, lengths, keys, budgets and sampling padded to S·2^k rows for `num_slots`
+    = S (so a different number of prompts in the same bucket reuses the program): padding
+    rows have a one-token prompt, budget 0 (never loaded) and the first row's sampling."""
+    prompts, lengths, keys, budgets, sampling = arrays
     rows = num_slots * 2 ** math.ceil(math.log2(prompts.shape[0] / num_slots))
     extra = rows - prompts.shape[0]
     if extra == 0:
@@ -199,4 +229,5 @@ def queue_rows(arrays, num_slots: int):
         np.pad(lengths, (0, extra), constant_values=1),
         jnp.concatenate([keys, jax.random.split(keys[0], extra)]),
         np.pad(budgets, (0, extra)),
+        jax.tree.map(lambda a: np.pad(a, (0, extra), mode="edge"), sampling),
     )

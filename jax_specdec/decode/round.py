@@ -29,7 +29,6 @@ from jax_specdec.decode.state import (
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.verify import verify
 from jax_specdec.nn import write_entries
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["autoregressive_step", "speculative_round", "then_skipping"]
 
@@ -56,12 +55,14 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
     """One round: the schedule picks each row's γ, the drafter proposes (capped by what
     it can propose), the target verifies as wide as the widest active row."""
     drafter, schedule, gamma_max = config.drafter, config.schedule, config.gamma_max
-    noise = round_noise(state.keys, state.round + 1, gamma_max, config.sampling)
+    noise = round_noise(state.keys, state.round + 1, gamma_max, state.sampling)
     active = ~state.done
     gammas = jnp.where(active, schedule(schedule_stats(state, config)), 0)
     fixed = schedule.min_gamma == schedule.max_gamma  # static: a constant γ
     want = jnp.int32(gamma_max) if fixed else _widest(gammas, active, gamma_max)
-    inputs = DraftInputs(state.tokens, state.lengths, state.done, noise.draft_keys, want)
+    inputs = DraftInputs(
+        state.tokens, state.lengths, state.done, noise.draft_keys, want, state.sampling
+    )
     draft_cache, prepared, cap = drafter.prepare(draft, state.draft_cache, inputs, config)
     counts = gammas if cap is None else jnp.minimum(gammas, cap)
     target_cache = state.target_cache
@@ -105,7 +106,7 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
     absorbs = draft is not None and reads_features(config.drafter)
     logits, cache, *features = target.decode(pending, cache, features=absorbs)
     logits = logits[:, 0, : config.vocab_size]
-    token = pick(logits, probs_from_logits(logits, config.sampling))
+    token = pick(logits, state.sampling.probs(logits))
     active = ~state.done
     ones = jnp.ones_like(state.lengths)
     before = state.lengths
@@ -124,7 +125,7 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
 def autoregressive_step(target, state: LoopState, config: LoopConfig) -> LoopState:
     """One token per row, drawn with fold_in(keys[b], round)."""
     keys = round_keys(state.keys, state.round + 1)
-    pick = lambda logits, probs: choose(keys, logits, probs, config.sampling)  # noqa: E731
+    pick = lambda logits, probs: choose(keys, logits, probs, state.sampling)  # noqa: E731
     return _plain_step(target, state, config, pick)
 
 
@@ -132,8 +133,8 @@ def _skipped_round(target, draft, state: LoopState, config: LoopConfig) -> LoopS
     """A round of width 0 for the whole batch, as a plain step: the same draw as `verify`
     at width 0 (the round's `draws`), so a row's tokens do not depend on whether its
     neighbours drafted."""
-    draws = round_noise(state.keys, state.round + 1, config.gamma_max, config.sampling).draws
-    pick = lambda logits, probs: draw(draws, logits, probs, config.sampling)  # noqa: E731
+    draws = round_noise(state.keys, state.round + 1, config.gamma_max, state.sampling).draws
+    pick = lambda logits, probs: draw(draws, logits, probs, state.sampling)  # noqa: E731
     return _plain_step(target, state, config, pick, draft)
 
 

@@ -14,6 +14,7 @@ from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.request import Request
 from jax_specdec.decode.stats import GenerationOutput, take_rows
+from jax_specdec.sampling import RowSampling
 
 __all__ = ["ProgramArgs", "Run"]
 
@@ -27,6 +28,7 @@ class ProgramArgs(NamedTuple):
     prompt_lengths: jax.Array  # [B] int32
     keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
     budgets: jax.Array  # [B] int32 max_new_tokens per row (0: a padding row of slots)
+    sampling: RowSampling  # [B] each row's sampling setting
 
 
 class Run:

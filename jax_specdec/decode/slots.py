@@ -27,7 +27,7 @@ from jax_specdec.decode.stats import (
     init_stats,
     nonfinite,
 )
-from jax_specdec.sampling import probs_from_logits
+from jax_specdec.sampling import RowSampling
 
 __all__ = ["Queue", "finish_slots", "init_slots", "refill", "running"]
 
@@ -40,6 +40,7 @@ class Queue:
       prompts: [N, P] int32, right-padded.
       prompt_lengths: [N] int32.
       keys: [N] jax keys, one per prompt.
+      sampling: [N] each prompt's sampling setting (`RowSampling`).
       budgets: [N] int32, max_new_tokens per prompt; 0 marks a padding row.
       next: [] int32, the next prompt to load (prompts load in order).
       row: [S] int32, the prompt each slot holds (-1: free).
@@ -51,6 +52,7 @@ class Queue:
     prompts: jax.Array
     prompt_lengths: jax.Array
     keys: jax.Array
+    sampling: RowSampling
     budgets: jax.Array
     next: jax.Array
     row: jax.Array
@@ -64,7 +66,9 @@ class Queue:
         return jnp.sum(self.budgets > 0).astype(jnp.int32)
 
 
-def init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config) -> LoopState:
+def init_slots(
+    target, draft, prompts, prompt_lengths, keys, budgets, sampling, config
+) -> LoopState:
     """S free slots and the queue of all prompts, then the first S loaded."""
     slots, width = config.num_slots, prompts.shape[1]
     n = prompts.shape[0]
@@ -76,6 +80,7 @@ def init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config) ->
         prompts=prompts,
         prompt_lengths=prompt_lengths,
         keys=keys,
+        sampling=sampling,
         budgets=budgets,
         next=jnp.zeros((), jnp.int32),
         row=jnp.full((slots,), -1, jnp.int32),
@@ -89,6 +94,7 @@ def init_slots(target, draft, prompts, prompt_lengths, keys, budgets, config) ->
         prompt_lengths=ints + 1,
         budgets=ints,
         keys=keys[:slots],
+        sampling=sampling.at(slice(0, slots)),
         target_cache=new_cache(target.config, slots, config),
         draft_cache=draft_cache,
         done=jnp.ones((slots,), bool),
@@ -141,9 +147,8 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     last, row, features = prefill_row(target, prompt, length[0], features=reads)
     last = last[:, : config.vocab_size]  # [1, V]
     key = q.keys[n][None]
-    first = choose(
-        round_keys(key, 0), last, probs_from_logits(last, config.sampling), config.sampling
-    )
+    sampling = q.sampling.at(n[None])
+    first = choose(round_keys(key, 0), last, sampling.probs(last), sampling)
     draft_cache = state.draft_cache
     if config.drafter is not None:
         extra = {"features": features[:, : prompt.shape[1]]} if reads else {}
@@ -156,13 +161,16 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
         draft_cache=draft_cache,
         queue=q.replace(next=n + 1, row=q.row.at[slot].set(n)),
     )
-    state = _reset_row(state, slot, prompt[0], length[0], q.budgets[n], q.keys[n], last)
+    row = (prompt[0], length[0], q.budgets[n], q.keys[n], sampling)
+    state = _reset_row(state, slot, row, last)
     here = jnp.arange(state.done.shape[0]) == slot
     return emit(state, jnp.where(here, first[0], 0)[:, None], here.astype(jnp.int32), config)
 
 
-def _reset_row(state: LoopState, slot, prompt, length, budget, key, last) -> LoopState:
-    """Row `slot` of the state set to a new prompt, before its first token."""
+def _reset_row(state: LoopState, slot, row, last) -> LoopState:
+    """Row `slot` of the state set to a new prompt `row` = (prompt [P], length, budget,
+    key, sampling [1]), before its first token."""
+    prompt, length, budget, key, sampling = row
     s = state.stats
     rows = {f: getattr(s, f).at[slot].set(0) for f in ROW_FIELDS if f != "nonfinite"}
     rows["nonfinite"] = s.nonfinite.at[slot].set(nonfinite(last)[0])
@@ -172,6 +180,7 @@ def _reset_row(state: LoopState, slot, prompt, length, budget, key, last) -> Loo
         prompt_lengths=state.prompt_lengths.at[slot].set(length),
         budgets=state.budgets.at[slot].set(budget),
         keys=state.keys.at[slot].set(key),
+        sampling=jax.tree.map(lambda a, b: a.at[slot].set(b[0]), state.sampling, sampling),
         done=state.done.at[slot].set(False),
         round=state.round.at[slot].set(0),
         last_gamma=state.last_gamma.at[slot].set(0),

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 from jax_specdec.nn import KVCache, TransformerConfig, init_cache
+from jax_specdec.sampling import RowSampling
 from jax_specdec.schedules import ScheduleStats
 from jax_specdec.sharding import cache_spec
 
@@ -54,6 +55,7 @@ class LoopState:
       prompt_lengths: [B] int32.
       budgets: [B] int32, tokens each row may generate (its max_new_tokens).
       keys: [B] jax keys, one per row.
+      sampling: each row's sampling setting (`RowSampling`, arrays [B]).
       target_cache: the target's `KVCache`, valid below `lengths - 1`.
       draft_cache: whatever the drafter keeps (its own cache), or None.
       done: [B] bool, rows that hit EOS or their budget (their tokens are frozen).
@@ -70,6 +72,7 @@ class LoopState:
     prompt_lengths: jax.Array
     budgets: jax.Array
     keys: jax.Array
+    sampling: RowSampling
     target_cache: KVCache
     draft_cache: Any
     done: jax.Array

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample_with_uniforms
+from jax_specdec.sampling import RowSampling, sample_with_uniforms
 
 __all__ = [
     "Tree",
@@ -131,7 +131,7 @@ def _with_root(parent: jax.Array) -> jax.Array:
     return jnp.concatenate([root, parent.astype(jnp.int32)], axis=1)
 
 
-def tree_draws(keys, nodes: int, sampling: SamplingConfig, batch: int) -> jax.Array:
+def tree_draws(keys, nodes: int, sampling: RowSampling, batch: int) -> jax.Array:
     """[B, N + 1, 2] float32 uniforms, two per node (its draw of the target's token, and
     its test as a sampled child), from each row's acceptance key [B] (zeros under greedy
     decoding, where nothing is drawn and `keys` may be None)."""
@@ -140,13 +140,13 @@ def tree_draws(keys, nodes: int, sampling: SamplingConfig, batch: int) -> jax.Ar
     return jax.vmap(lambda k: jax.random.uniform(k, (nodes + 1, 2), jnp.float32))(keys)
 
 
-def target_tokens(logits: jax.Array, draws: jax.Array, sampling: SamplingConfig) -> jax.Array:
+def target_tokens(logits: jax.Array, draws: jax.Array, sampling: RowSampling) -> jax.Array:
     """y [B, N + 1]: the target's token at every node from its logits [B, N + 1, V] (the
     argmax under greedy decoding, else inverse CDF of p with the node's draw, draws
     [B, N + 1])."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    p = probs_from_logits(logits, sampling)
+    p = sampling.probs(logits)
     flat = sample_with_uniforms(draws.reshape(-1), p.reshape(-1, p.shape[-1]))
     return flat.reshape(draws.shape)
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jax_specdec.acceptance import RESIDUAL_FLOOR
 from jax_specdec.decode.tree import TreeProposal, TreeWalk, target_tokens, walk
-from jax_specdec.sampling import SamplingConfig, probs_from_logits, sample_with_uniforms
+from jax_specdec.sampling import RowSampling, sample_with_uniforms
 
 __all__ = ["accept_rsd", "accept_tree", "draw_children", "static_shape"]
 
@@ -35,7 +35,7 @@ __all__ = ["accept_rsd", "accept_tree", "draw_children", "static_shape"]
 FIRST, LATER = 0.6, 0.3
 
 
-def accept_tree(logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int):
+def accept_tree(logits, draws, proposal: TreeProposal, sampling: RowSampling, depth: int):
     """The exact acceptance of a tree round from the target's logits [B, N + 1, V] and
     the nodes' noise `draws` [B, N + 1, 2] (`decode.tree.tree_draws`), at most `depth`
     steps: `accept_rsd` for a sampled tree (`proposal.probs` set), else the walk on the
@@ -93,14 +93,14 @@ def _reject(p, q, x, rows):
 
 
 def accept_rsd(
-    logits, draws, proposal: TreeProposal, sampling: SamplingConfig, depth: int, reject=None
+    logits, draws, proposal: TreeProposal, sampling: RowSampling, depth: int, reject=None
 ):
     """The walk with recursive rejection (see the module docstring): logits [B, N + 1, V],
     draws [B, N + 1, 2] (per node: its final draw, its own test as a child),
     `proposal.probs` [B, N + 1, V] the q each node's children were drawn from. `reject`
     (p, q, x, rows) -> (p, q) after a rejection: the exact one unless a test swaps it."""
     reject = _reject if reject is None else reject
-    p_all = probs_from_logits(logits, sampling)
+    p_all = sampling.probs(logits)
     q_all = proposal.probs.astype(jnp.float32)
     batch, n = proposal.tokens.shape
     rows = jnp.arange(batch)

@@ -36,13 +36,13 @@ def _noise(state: LoopState, config: LoopConfig):
     """(draft keys [B, D], node draws [B, N + 1, 2]) of the rows' round: fold_in(keys[b],
     round) split into a drafting and an acceptance key, as a chain round splits it."""
     tree, batch = config.tree, state.keys.shape[0]
-    if config.sampling.greedy:
+    if state.sampling.greedy:
         return jnp.zeros((batch, tree.depth), jnp.int32), tree_draws(
-            None, tree.nodes, config.sampling, batch
+            None, tree.nodes, state.sampling, batch
         )
     split = jax.vmap(jax.random.split)(round_keys(state.keys, state.round + 1))
     draft_keys = jax.vmap(lambda k: jax.random.split(k, tree.depth))(split[:, 0])
-    return draft_keys, tree_draws(split[:, 1], tree.nodes, config.sampling, batch)
+    return draft_keys, tree_draws(split[:, 1], tree.nodes, state.sampling, batch)
 
 
 def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, draws, config):
@@ -57,7 +57,7 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
         tree=(depths(mask), mask),
     )
     logits = logits[..., : config.vocab_size]
-    found = config.acceptance(logits, draws, proposal, config.sampling, config.tree.depth)
+    found = config.acceptance(logits, draws, proposal, state.sampling, config.tree.depth)
     return (
         found,
         logits,
@@ -71,7 +71,9 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
     drafter, depth = config.drafter, config.tree.depth
     draft_keys, draws = _noise(state, config)
     active = ~state.done
-    inputs = DraftInputs(state.tokens, state.lengths, state.done, draft_keys, jnp.int32(depth))
+    inputs = DraftInputs(
+        state.tokens, state.lengths, state.done, draft_keys, jnp.int32(depth), state.sampling
+    )
     draft_cache, prepared, _ = drafter.prepare(draft, state.draft_cache, inputs, config)
     proposal = drafter.propose_tree(draft, draft_cache, inputs, prepared, config.tree, config)
     proposal = proposal._replace(valid=proposal.valid & active[:, None])

@@ -16,7 +16,6 @@ from jax_specdec.decode.drafter import Proposal, reads_features
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite
-from jax_specdec.sampling import probs_from_logits
 
 __all__ = ["verify"]
 
@@ -52,10 +51,10 @@ def verify(
     counts = jnp.minimum(counts, width)
     if width == 0:
         first = logits[:, 0]
-        token = draw(noise.draws, first, probs_from_logits(first, config.sampling), config.sampling)
+        token = draw(noise.draws, first, state.sampling.probs(first), state.sampling)
         result = AcceptResult(jnp.zeros_like(counts), token)
     else:
-        p = probs_from_logits(logits, config.sampling)  # [B, w + 1, V]
+        p = state.sampling.probs(logits)  # [B, w + 1, V]
         result = config.acceptance(
             noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
         )
