@@ -12,7 +12,7 @@ with a different job is refused. Every input line is checked when the file is re
 
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
-(63 bits of SHA-256, so a million rows do not share a seed). Rows are grouped by their
+(63 bits of SHA-256, so a million rows do not share a seed).
 Rows are sorted by prompt length (then input line); rows of every sampling setting share
 calls, each row sampled by its own (`sampling.RowSampling`) under one `SamplingPlan` for
 the whole job, so the job is one compiled program per call shape. With slots (the
@@ -236,19 +236,8 @@ def run_job(
     occupancy, and whether `stop` ended it).
     """
     output = pathlib.Path(output)
-    _check_job(output, job)
-    done = _finished_ids(output)
-    unknown = done - {r.key for r in rows}
-    if unknown:
-        raise JobError(
-            f"{output} holds {len(unknown)} id(s) that are not in the input, e.g. "
-            f"{sorted(unknown)[0]}: it belongs to a different job"
-        )
-    pending = [r for r in rows if r.key not in done]
-    if slots is None:  # fixed batches, split by budget too
-        limit = batch_size
-    else:  # calls through slots, whatever the budgets
-        limit = rows_per_call or CALL_SLOTS * slots
+    done, pending = _pending(rows, output, job)
+    limit = _call_limit(batch_size, slots, rows_per_call)
     plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
     # One sampling plan for every call (of all the job's rows, so a restart compiles the
     # same program): rows of any settings share calls and programs.
@@ -260,6 +249,28 @@ def run_job(
     interrupted = _append(output, job, plan, totals, run, progress, stop)
     summary = _summary(totals, len(done), time.perf_counter() - start)
     return {**summary, "interrupted": interrupted}
+
+
+def _pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> tuple[set[str], list[JobRow]]:
+    """Checks that `output` is free or belongs to this job; returns (the finished ids, the
+    rows still to run)."""
+    _check_job(output, job)
+    done = _finished_ids(output)
+    unknown = done - {r.key for r in rows}
+    if unknown:
+        raise JobError(
+            f"{output} holds {len(unknown)} id(s) that are not in the input, e.g. "
+            f"{sorted(unknown)[0]}: it belongs to a different job"
+        )
+    return done, [r for r in rows if r.key not in done]
+
+
+def _call_limit(batch_size: int, slots: int | None, rows_per_call: int | None) -> int:
+    """Rows per call: a fixed batch (split by budget too), or a call through the slots
+    (whatever the budgets)."""
+    if slots is None:
+        return batch_size
+    return rows_per_call or CALL_SLOTS * slots
 
 
 def _append(output, job, plan, totals, run, progress, stop) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import pathlib
 import signal
@@ -61,7 +63,39 @@ def add_parser(sub) -> None:
         "--mesh",
         help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices)",
     )
+    job.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run over a Ray cluster with Ray Data (pip install -e '.[ray]'): ADDRESS as "
+        "ray.init takes it ('auto', 'ray://head:10001'); none: a local cluster. The output "
+        "is sorted by the SHA-256 of the ids when the job ends",
+    )
+    job.add_argument(
+        "--ray-workers", type=int, default=2, help="Ray actors, each loading the models once"
+    )
+    job.add_argument(
+        "--ray-worker-resources",
+        default="CPU=1",
+        metavar="NAME=N[,NAME=N]",
+        help="one Ray worker's resources, e.g. CPU=1 (default), TPU=4 or GPU=1",
+    )
     job.set_defaults(handler=run, parser=job)
+
+
+def _resources(text: str) -> dict:
+    """--ray-worker-resources as {"CPU": 1.0, "TPU": 4.0, ...}."""
+    resources = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            resources[name.strip()] = float(value)
+        except ValueError:
+            resources[name.strip()] = -1.0
+        if not name.strip() or resources[name.strip()] < 0:
+            raise ValueError(f"--ray-worker-resources must be NAME=N[,NAME=N], got {text!r}")
+    return resources
 
 
 def _load(args):
@@ -79,6 +113,14 @@ def _load(args):
         if not 1 <= value <= INT32_MAX:
             raise ValueError(f"{flag} must lie in [1, {INT32_MAX}], got {value}")
     common.check_seed(args.seed)
+    if args.ray is not None:
+        if not 1 <= args.ray_workers <= 1024:
+            raise ValueError(f"--ray-workers must lie in [1, 1024], got {args.ray_workers}")
+        _resources(args.ray_worker_resources)
+        try:
+            import ray.data  # noqa: F401
+        except ImportError:
+            raise ValueError("--ray needs Ray Data: pip install -e '.[ray]'") from None
     sampling = common.sampling(args)
     common.tree(args, args.num_draft_tokens)
     common.acceptance(args)
@@ -164,6 +206,31 @@ def _job(args, eos) -> dict:
     }
 
 
+def _generate(args, target, draft, eos, mesh):
+    """The job's `generate` (`make_generate` with the flags)."""
+    from jax_specdec.batch import make_generate
+
+    return make_generate(
+        target,
+        None if args.autoregressive else draft,
+        eos_token_id=eos,
+        num_draft_tokens=args.num_draft_tokens,
+        mesh=mesh,
+        num_slots=None if args.fixed_batches else args.slots,
+        tree=common.tree(args, args.num_draft_tokens),
+        acceptance=common.acceptance(args),
+    )
+
+
+def load_worker(settings: dict, eos):
+    """In a Ray worker: loads the models from the job's paths, once; returns (generate,
+    detokenize) for `run_ray_job`."""
+    args = argparse.Namespace(**settings)
+    loaded = common.load_pair(args.target, args.draft)
+    generate = _generate(args, loaded.target, loaded.draft, eos, _mesh(args.mesh))
+    return generate, loaded.tokenizer.decode
+
+
 class _Interrupt:
     """Ctrl-C during the job: a flag the job reads between calls (an exception raised
     inside a JAX call can land in a callback whose exceptions Python drops, so the job
@@ -195,7 +262,7 @@ def run(args, parser) -> int:
 
 
 def _run(args, parser, interrupt) -> int:
-    from jax_specdec.batch import JobError, make_generate, run_job
+    from jax_specdec.batch import JobError, run_job
 
     try:
         target, draft, tokenizer, eos, rows, errors = _load(args)
@@ -207,29 +274,32 @@ def _run(args, parser, interrupt) -> int:
         errors_path = pathlib.Path(args.errors or f"{output}.errors.jsonl")
         errors_path.write_text("".join(json.dumps(e) + "\n" for e in errors))
         print(f"skipped {len(errors)} bad line(s), listed in {errors_path}", file=sys.stderr)
-    generate = make_generate(
-        target,
-        None if args.autoregressive else draft,
-        eos_token_id=eos,
-        num_draft_tokens=args.num_draft_tokens,
-        mesh=mesh,
-        num_slots=None if args.fixed_batches else args.slots,
-        tree=common.tree(args, args.num_draft_tokens),
-        acceptance=common.acceptance(args),
+    shared = dict(
+        job=_job(args, eos),
+        batch_size=args.batch_size,
+        slots=None if args.fixed_batches else args.slots,
+        rows_per_call=args.rows_per_call,
+        max_len=common.context(target, None if args.autoregressive else draft),
+        stop=lambda: interrupt.requested,
     )
     try:
-        summary = run_job(
-            rows,
-            output,
-            generate=generate,
-            job=_job(args, eos),
-            batch_size=args.batch_size,
-            slots=None if args.fixed_batches else args.slots,
-            rows_per_call=args.rows_per_call,
-            detokenize=tokenizer.decode,
-            max_len=common.context(target, None if args.autoregressive else draft),
-            stop=lambda: interrupt.requested,
-        )
+        if args.ray is None:
+            generate = _generate(args, target, draft, eos, mesh)
+            detokenize = tokenizer.decode
+            summary = run_job(rows, output, generate=generate, detokenize=detokenize, **shared)
+        else:
+            from jax_specdec.batch_ray import run_ray_job
+
+            settings = {k: v for k, v in vars(args).items() if k not in ("handler", "parser")}
+            summary = run_ray_job(
+                rows,
+                output,
+                load=functools.partial(load_worker, settings, eos),
+                address=args.ray or None,
+                workers=args.ray_workers,
+                resources=_resources(args.ray_worker_resources),
+                **shared,
+            )
     except (JobError, ValueError, OSError) as e:  # OSError: a full disk, say
         common.fail(parser, e)
     if summary.pop("interrupted"):
