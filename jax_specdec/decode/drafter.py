@@ -27,7 +27,9 @@ for the prompt, and `commit(..., features=[B, γ_max + 1, D])` for the positions
 and the position of the correction). When every active row is given γ = 0 the loop
 runs plain target steps instead of rounds, and after each one
 `absorb(model, cache, tokens, before, after, features)` takes the feature [B, 1, D] of
-position `before - 1` (the rows' lengths went from `before` to `after`).
+position `before - 1` (the rows' lengths went from `before` to `after`). A drafter
+whose `feature_layers` is a tuple of layer ids gets those layers' hidden states
+concatenated instead ([…, n·D], as an EAGLE-3 head reads them; `target_features`).
 
 The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
 drafters; a schedule only picks γ.
@@ -41,12 +43,20 @@ import jax
 
 from jax_specdec.sampling import RowSampling
 
-__all__ = ["DraftInputs", "Drafter", "Proposal", "reads_features"]
+__all__ = ["DraftInputs", "Drafter", "Proposal", "reads_features", "target_features"]
 
 
 def reads_features(drafter) -> bool:
     """Whether the drafter takes the target's features (see the module docstring)."""
     return bool(getattr(drafter, "reads_features", False))
+
+
+def target_features(drafter):
+    """What the target's calls return for the drafter (`Transformer.decode_entries`'s
+    `features`): False, True (the top layer after the final norm) or layer ids."""
+    if not reads_features(drafter):
+        return False
+    return getattr(drafter, "feature_layers", None) or True
 
 
 class DraftInputs(NamedTuple):

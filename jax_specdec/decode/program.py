@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import reads_features
+from jax_specdec.decode.drafter import target_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
 from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
@@ -31,7 +31,7 @@ def init_state(
     """Prefills the target (and the drafter) with the prompts [B, P] and emits each row's
     first token, drawn with fold_in(keys[b], 0) by the row's `sampling`."""
     batch, width = prompts.shape
-    features = reads_features(config.drafter)
+    features = target_features(config.drafter)
     logits, target_cache, *hidden = target.decode(
         prompts, new_cache(target.config, batch, config), features=features
     )

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import DraftInputs, reads_features
+from jax_specdec.decode.drafter import DraftInputs, reads_features, target_features
 from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
 from jax_specdec.decode.state import (
     LoopState,
@@ -104,7 +104,8 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
     pending = gather_last(state.tokens, state.lengths, 1)
     cache = state.target_cache.replace(lengths=state.lengths - 1)
     absorbs = draft is not None and reads_features(config.drafter)
-    logits, cache, *features = target.decode(pending, cache, features=absorbs)
+    wanted = target_features(config.drafter) if absorbs else False
+    logits, cache, *features = target.decode(pending, cache, features=wanted)
     logits = logits[:, 0, : config.vocab_size]
     token = pick(logits, state.sampling.probs(logits))
     active = ~state.done

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import reads_features
+from jax_specdec.decode.drafter import reads_features, target_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.state import LoopState, emit, load_row, new_cache, prefill_row
 from jax_specdec.decode.stats import (
@@ -27,6 +27,7 @@ from jax_specdec.decode.stats import (
     init_stats,
     nonfinite,
 )
+from jax_specdec.nn.transformer import feature_size
 from jax_specdec.sampling import RowSampling
 
 __all__ = ["Queue", "finish_slots", "init_slots", "refill", "running"]
@@ -115,7 +116,8 @@ def _empty_draft_cache(target, draft, slots: int, config: LoopConfig):
     dummy = jnp.zeros((slots, 1), jnp.int32)
     extra = {}
     if reads_features(config.drafter):
-        extra["features"] = jnp.zeros((slots, 1, target.config.d_model), jnp.float32)
+        size = feature_size(target.config, target_features(config.drafter))
+        extra["features"] = jnp.zeros((slots, 1, size), jnp.float32)
     return config.drafter.init(draft, dummy, jnp.ones((slots,), jnp.int32), config, **extra)
 
 
@@ -144,7 +146,8 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     prompt = jax.lax.dynamic_slice_in_dim(q.prompts, n, 1, axis=0)  # [1, P]
     length = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, n, 1)  # [1]
     reads = reads_features(config.drafter)
-    last, row, features = prefill_row(target, prompt, length[0], features=reads)
+    wanted = target_features(config.drafter)
+    last, row, features = prefill_row(target, prompt, length[0], features=wanted)
     last = last[:, : config.vocab_size]  # [1, V]
     key = q.keys[n][None]
     sampling = q.sampling.at(n[None])

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 from jax_specdec.nn import KVCache, TransformerConfig, init_cache
+from jax_specdec.nn.transformer import feature_size
 from jax_specdec.sampling import RowSampling
 from jax_specdec.schedules import ScheduleStats
 from jax_specdec.sharding import cache_spec
@@ -99,13 +100,14 @@ def new_cache(model_config: TransformerConfig, batch: int, config: LoopConfig) -
     return cache.replace(keys=place(cache.keys), values=place(cache.values))
 
 
-def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features: bool = False):
+def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features=False):
     """The first `length` ([] int32) tokens of one prompt [1, P] run through `model` in
     chunks of `PREFILL_CHUNK` into a fresh cache (for `load_row`): a short prompt costs
     its own chunks, not the width of the longest prompt of the call.
 
     Returns the logits [1, V] at position length - 1, the cache (P rounded up to the
-    chunk), and with `features` the features [1, P', D] of the positions run.
+    chunk), and with `features` (as `Transformer.decode`'s) the features [1, P', D']
+    of the positions run.
     """
     c, width = model.config, prompt.shape[1]
     chunk = min(PREFILL_CHUNK, width)
@@ -113,7 +115,7 @@ def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features: bool =
     if padded > c.max_len:  # no room to round up: one chunk
         chunk = padded = width
     tokens = jnp.pad(prompt, ((0, 0), (0, padded - width)))
-    feats = jnp.zeros((1, padded, c.d_model), c.jnp_dtype) if features else None
+    feats = jnp.zeros((1, padded, feature_size(c, features)), c.jnp_dtype) if features else None
     carry = (init_cache(c, batch=1, max_len=padded), jnp.zeros((1, c.vocab_size)), feats)
 
     def body(carry):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import DraftInputs, reads_features
+from jax_specdec.decode.drafter import DraftInputs, reads_features, target_features
 from jax_specdec.decode.noise import round_keys
 from jax_specdec.decode.state import LoopState, emit, gather_last, record_round, written_after
 from jax_specdec.decode.stats import nonfinite
@@ -53,7 +53,7 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
     logits, keys, values, *hidden = target.decode_entries(
         jnp.concatenate([pending, proposal.tokens], axis=1),
         cache.replace(lengths=state.lengths - 1),
-        features=reads_features(config.drafter),
+        features=target_features(config.drafter),
         tree=(depths(mask), mask),
     )
     logits = logits[..., : config.vocab_size]

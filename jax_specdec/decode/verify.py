@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import Proposal, reads_features
+from jax_specdec.decode.drafter import Proposal, reads_features, target_features
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite
@@ -45,7 +45,7 @@ def verify(
     logits, keys, values, *hidden = target.decode_entries(
         jnp.concatenate([pending, proposal.tokens], axis=1),
         cache.replace(lengths=state.lengths - 1),
-        features=reads_features(config.drafter),
+        features=target_features(config.drafter),
     )
     logits = logits[..., : config.vocab_size]
     counts = jnp.minimum(counts, width)

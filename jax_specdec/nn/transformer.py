@@ -211,7 +211,8 @@ class Transformer(nnx.Module):
         Args:
             tokens: [B, T] integer token ids in [0, vocab_size), T <= config.max_len.
             features: also return the top layer's hidden states after the final norm
-              (what the LM head reads), [B, T, D].
+              (what the LM head reads), [B, T, D]; or a tuple of layer ids: those
+              layers' hidden states concatenated, [B, T, n·D] (`feature_size`).
 
         Returns:
             logits: [B, T, V] float32 (and the features, if asked for).
@@ -228,12 +229,14 @@ class Transformer(nnx.Module):
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
         x = self._embed(tokens, positions)
-        for block in self.blocks:
+        taken = _Taken(features, self.config.num_layers)
+        for i, block in enumerate(self.blocks):
+            taken.see(i, x)
             q, k, v = block.attn.project(block.attn_norm(x), positions)
             x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
             x = x + block.mlp(block.mlp_norm(x))
         h = self.final_norm(x)
-        return (self._logits(h), h) if features else self._logits(h)
+        return (self._logits(h), taken.result(x, h)) if features else self._logits(h)
 
     def decode(self, tokens: jax.Array, cache: KVCache, *, features: bool = False):
         """Append T tokens per row to the cache and return their logits.
@@ -248,7 +251,7 @@ class Transformer(nnx.Module):
             cache: a `KVCache` for B rows (from `init_cache`).
 
             features: also return the top layer's hidden states after the final norm,
-              [B, T, D] (as `__call__`).
+              [B, T, D], or the given layers' (as `__call__`).
 
         Returns:
             logits: [B, T, V] float32, the cache with lengths increased by T (and the
@@ -314,7 +317,11 @@ class Transformer(nnx.Module):
             recent: optional (keys, values, count): per layer [B, R, K, hd] entries at
               positions cache.lengths + r, not yet in the cache; row b's first count[b]
               are attended.
-            features: also return the final-normed top-layer hidden states [B, T, D].
+            features: also return the final-normed top-layer hidden states [B, T, D],
+              or for a tuple of layer ids those layers' hidden states concatenated
+              [B, T, n·D] (`feature_size`): layer id l is the residual stream entering
+              decoder layer l (Hugging Face's hidden_states[l], what EAGLE-3 heads read),
+              l = num_layers the last layer's output before the final norm.
             tree: optional (depth [B, T] int32, mask [B, T, T] bool): the tokens are the
               nodes of a tree rather than a sequence; token t sits at position
               start + depth[b, t] and attends to the new tokens u with mask[b, t, u]
@@ -343,10 +350,12 @@ class Transformer(nnx.Module):
             R = recent[0][0].shape[1]
             recent_mask = jnp.arange(R, dtype=jnp.int32)[None, None, :] < recent[2][:, None, None]
         x = self._embed(tokens, positions)
+        taken = _Taken(features, self.config.num_layers)
         keys, values = [], []
         for i, (block, k_cache, v_cache) in enumerate(
             zip(self.blocks, cache.keys, cache.values, strict=True)
         ):
+            taken.see(i, x)
             q, k, v = block.attn.project(block.attn_norm(x), positions)
             others = []
             if recent is not None:
@@ -360,7 +369,36 @@ class Transformer(nnx.Module):
             values.append(v)
         h = self.final_norm(x)
         out = (self._logits(h), tuple(keys), tuple(values))
-        return (*out, h) if features else out
+        return (*out, taken.result(x, h)) if features else out
+
+
+def feature_size(config: TransformerConfig, features) -> int:
+    """The width of the features `decode(..., features=features)` returns."""
+    return config.d_model * (len(features) if isinstance(features, tuple) else 1)
+
+
+class _Taken:
+    """The hidden states a forward collects for `features` (True or layer ids)."""
+
+    def __init__(self, features, num_layers: int):
+        self.ids = features if isinstance(features, tuple) else ()
+        if any(not isinstance(i, int) or not 0 <= i <= num_layers for i in self.ids):
+            raise ValueError(
+                f"features must be True or layer ids in [0, {num_layers}], got {features!r}"
+            )
+        self.num_layers, self.states = num_layers, {}
+
+    def see(self, layer: int, x: jax.Array):
+        """x [B, T, D] entering decoder layer `layer`."""
+        if layer in self.ids:
+            self.states[layer] = x
+
+    def result(self, x: jax.Array, normed: jax.Array) -> jax.Array:
+        """x the last layer's output (layer id num_layers), `normed` after the final norm."""
+        if not self.ids:
+            return normed
+        states = {**self.states, self.num_layers: x}
+        return jnp.concatenate([states[i] for i in self.ids], axis=-1)
 
 
 def _traced(tree) -> bool:
