@@ -106,8 +106,8 @@ def _tokenizer_text(directory: pathlib.Path) -> str | None:
 
 
 class Loaded(NamedTuple):
-    """What `load_pair` loads: the target, the draft (a model, an attached feature head or
-    `NGram`), the target's tokenizer and where the target was found."""
+    """What `load_pair` loads: the target, the draft (a model, an attached feature or
+    EAGLE-3 head, or `NGram`), the target's tokenizer and where the target was found."""
 
     target: Any
     draft: Any
@@ -116,8 +116,9 @@ class Loaded(NamedTuple):
 
 
 def load_pair(target: str, draft: str) -> Loaded:
-    """Loads --target and --draft (a model directory, a feature head's directory or
-    "ngram"); a draft model's tokenizer must be the target's."""
+    """Loads --target and --draft (a model directory, a feature head's directory, an
+    EAGLE-3 head's (speculators format or EAGLE-3 release) or "ngram"); a draft model's
+    tokenizer must be the target's, an EAGLE-3 head must read the target's layers."""
     from jax_specdec.io.hf import load_model, load_tokenizer
 
     target_dir = model_dir(target, "target")
@@ -131,6 +132,14 @@ def load_pair(target: str, draft: str) -> Loaded:
 
         model, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
         return Loaded(model, attach_head(draft_dir, model, tokenizer), tokenizer, target_dir)
+    from jax_specdec.io import speculators
+
+    if speculators.is_speculators(draft_dir) or speculators.is_eagle3_release(draft_dir):
+        from jax_specdec.decode.eagle3_drafter import attach_eagle3
+
+        model, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
+        _, head = attach_eagle3(draft_dir, model)
+        return Loaded(model, head, tokenizer, target_dir)
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.draft_model import DraftModel, EarlyExit
+from jax_specdec.decode.eagle3_drafter import attach_eagle3, is_eagle3
 from jax_specdec.decode.head_drafter import AttachedHead, HeadDrafter, attach_head
 from jax_specdec.decode.ngram import NGram
 from jax_specdec.decode.request import (
@@ -30,6 +31,7 @@ from jax_specdec.decode.stats import GenerationOutput
 from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
+from jax_specdec.nn.eagle3 import Eagle3Head
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
@@ -49,7 +51,8 @@ class Generator:
     Args:
       target: the model whose distribution the output follows.
       draft: a draft model (same tokenizer), a `FeatureHead` trained for this target
-        (it drafts from the target's hidden states), a model-free proposer such as
+        (it drafts from the target's hidden states), an EAGLE-3 `Eagle3Head` for it
+        (`nn.eagle3`; from three target layers), a model-free proposer such as
         `NGram()`, or None for autoregressive decoding.
       schedule: tokens drafted per row and round: an int γ >= 1 (default 4), or a
         `jax_specdec.schedules` policy (Constant, Heuristic, CostModel, Custom). A
@@ -70,7 +73,8 @@ class Generator:
         that the exactness tests catch a wrong one.
       tree: draft a token tree each round and verify it in one target call
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a
-        `Tree(nodes, depth, branch)`. An `NGram` or a feature head builds trees.
+        `Tree(nodes, depth, branch)`. An `NGram`, a feature head or an EAGLE-3 head builds
+        trees.
     """
 
     def __init__(
@@ -142,7 +146,7 @@ class Generator:
                     "none (use an int γ, Heuristic, CostModel or Custom)"
                 )
             self.drafter = draft
-        elif isinstance(draft, FeatureHead | AttachedHead):
+        elif isinstance(draft, FeatureHead | AttachedHead | Eagle3Head):
             self._set_feature_drafter(draft, threshold, vocab_size)
         elif isinstance(draft, Transformer):
             self.vocab_size = _shared_vocab(self.target, draft, vocab_size)
@@ -161,6 +165,9 @@ class Generator:
     def _set_feature_drafter(self, draft, threshold, vocab_size):
         if vocab_size is not None or threshold is not None:
             raise ValueError("vocab_size and Confidence are not for a feature head")
+        if is_eagle3(draft):
+            self.drafter, self.draft_model = attach_eagle3(draft, self.target)
+            return
         if isinstance(draft, FeatureHead):
             draft = attach_head(draft, self.target)
         self.drafter, self.draft_model = HeadDrafter(), draft

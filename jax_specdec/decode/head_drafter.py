@@ -36,14 +36,15 @@ from jax_specdec.io.heads import load_head, tokenizer_sha256
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
 
-__all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head"]
+__all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head", "check_vocab_map"]
 
 
 class AttachedHead(nnx.Module):
-    """A feature head attached to its target: the head with the target's token embedding
-    (shared, not copied). `attach_head` makes one; `Generator` drafts with it."""
+    """A feature head (or an EAGLE-3 head, `decode.eagle3_drafter`) attached to its
+    target: the head with the token embedding it reads (the target's, shared, not
+    copied). `attach_head` makes one; `Generator` drafts with it."""
 
-    def __init__(self, head: FeatureHead, embed: jax.Array):
+    def __init__(self, head, embed: jax.Array):
         self.head = head
         self.embed = nnx.Param(embed)
 
@@ -67,16 +68,22 @@ def attach_head(head: FeatureHead | str | os.PathLike, target: Transformer, toke
         )
     if hc.vocab_size != tc.vocab_size:
         raise ValueError(f"{name} has vocabulary {hc.vocab_size}; the target's is {tc.vocab_size}")
-    ids = jax.device_get(head.vocab_map[...])
-    if ids.min() < 0 or ids.max() >= tc.vocab_size:
-        raise ValueError(
-            f"{name} has vocab_map ids in [{ids.min()}, {ids.max()}], outside the target's "
-            f"vocabulary [0, {tc.vocab_size})"
-        )
+    check_vocab_map(head, tc.vocab_size, name)
     if tokenizer is not None and hc.tokenizer_sha256:
         if tokenizer_sha256(tokenizer) != hc.tokenizer_sha256:
             raise ValueError(f"{name} was trained with another tokenizer than the target's")
     return AttachedHead(head, target.embed[...])
+
+
+def check_vocab_map(head, vocab_size: int, name: str) -> None:
+    """Refuses a head whose kept tokens' ids (`vocab_map`) fall outside the target's
+    vocabulary."""
+    ids = jax.device_get(head.vocab_map[...])
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(
+            f"{name} has vocab_map ids in [{ids.min()}, {ids.max()}], outside the target's "
+            f"vocabulary [0, {vocab_size})"
+        )
 
 
 @struct.dataclass

@@ -1,0 +1,312 @@
+"""An EAGLE-3 head drafting inside the compiled loop: the target layers' features it
+reads, drafts equal to the head's own predictions, greedy equality (chain, γ = 0 steps,
+slots, trees), enumerated exactness with mixed per-row settings, no cache copies, the
+CLI and bad heads."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import (
+    NUM_SAMPLES,
+    PROMPTS,
+    VOCAB,
+    assert_follows_target,
+    cli_refusal,
+    copies_outside_entry,
+    count_compiles,
+    make_model,
+    ragged_prompts,
+)
+
+from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
+from jax_specdec.decode.eagle3_drafter import Eagle3Drafter, attach_eagle3
+from jax_specdec.decode.head_drafter import HeadDrafter
+from jax_specdec.decode.tree import Tree
+from jax_specdec.io.speculators import save_speculators
+from jax_specdec.nn import init_cache
+from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head
+from jax_specdec.schedules import Custom
+
+GREEDY = SamplingConfig(0.0)
+
+
+def make_eagle3(target, layers=(0, 1, 2), kept_ids=None, seed=5, scale=0.3, **flags):
+    """A random EAGLE-3 head (one layer, the target's shape) reading `layers` of `target`;
+    `kept_ids` (sorted, default all) is its draft vocabulary."""
+    tc = target.config
+    kept = np.arange(tc.vocab_size) if kept_ids is None else np.asarray(kept_ids)
+    config = Eagle3Config(
+        layer=tc.replace(num_layers=1),
+        draft_vocab_size=len(kept),
+        aux_layer_ids=tuple(layers),
+        has_embed=False,
+        verifier="tiny test target",
+        **flags,
+    )
+    head = Eagle3Head(config, rngs=nnx.Rngs(seed), init_scale=scale)
+    head.vocab_map.set_value(jnp.asarray(kept, jnp.int32))
+    return head
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    """Reads the target's embedding output, its middle and its last layer's output;
+    drafts without token 3, which the target can emit. Small weights: q near uniform
+    over the kept tokens, so drafts are often accepted."""
+    return make_eagle3(target, kept_ids=[0, 1, 2, 4, 5], scale=0.05, norm_before_residual=True)
+
+
+# ---------------------------------------------------------------- the features
+
+
+def test_layer_features_are_hugging_faces_hidden_states(tmp_path):
+    """Layer id l is Hugging Face's hidden_states[l], the residual stream entering decoder
+    layer l (what vLLM and speculators hand an EAGLE-3 head); l = L is the last layer's
+    output before the final norm (Hugging Face's hidden_states[L] is after it)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from jax_specdec.io.hf import save_model
+
+    target = make_model(2, vocab=32, num_layers=3)
+    save_model(target, tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    tokens = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        hf = reference(torch.tensor(tokens), output_hidden_states=True).hidden_states
+    ids = (0, 1, 2, 3)
+    logits, ours = target(jnp.asarray(tokens), features=ids)
+    _, normed = target(jnp.asarray(tokens), features=True)
+    # The decode path (what the loop calls) returns the same.
+    cache = init_cache(target.config, batch=1, max_len=16)
+    _, _, decoded = target.decode(jnp.asarray(tokens), cache, features=ids)
+    np.testing.assert_allclose(np.asarray(decoded), np.asarray(ours), rtol=1e-4, atol=1e-5)
+    d = target.config.d_model
+    assert ours.shape == (1, 8, 4 * d)
+    for j, layer in enumerate(ids[:-1]):
+        np.testing.assert_allclose(
+            np.asarray(ours)[..., j * d : (j + 1) * d], hf[layer].numpy(), rtol=1e-4, atol=1e-5
+        )
+    last = ours[..., 3 * d :]
+    np.testing.assert_allclose(
+        np.asarray(target.final_norm(last)), hf[3].numpy(), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(np.asarray(target.final_norm(last)), np.asarray(normed), rtol=1e-5)
+    with pytest.raises(ValueError, match=r"layer ids in \[0, 3\]"):
+        target(jnp.asarray(tokens), features=(0, 4))
+
+
+# ---------------------------------------------------------------- drafts
+
+
+@nnx.jit
+def _head_pass(head, hidden, tokens, embed):
+    cache = init_cache(head.config.layer, batch=1, max_len=tokens.shape[1])
+    logits, out, _ = head.decode(hidden, tokens, cache, embed=embed)
+    return logits, out
+
+
+WIDTH = 40  # the reference pads every sequence to one shape: one compilation
+
+
+def _reference_rounds(target, head, prompt, new_tokens, gamma, schedule=None):
+    """Greedy rounds simulated with full passes: each round's first draft comes from the
+    head on the target's true layer features up to the pending token, later ones from
+    its own hidden state fed back; round r drafts `schedule(r)` tokens (default γ).
+    Returns (rounds, accepted per draft position)."""
+    embed, ids = target.embed[...], np.asarray(head.vocab_map[...])
+    layers = head.config.aux_layer_ids
+    seq = list(prompt) + list(new_tokens)
+    length, end = len(prompt) + 1, len(prompt) + len(new_tokens)
+    rounds, accepted_at = 0, np.zeros(gamma, int)
+    pad = lambda tokens: jnp.asarray([tokens + [0] * (WIDTH - len(tokens))])  # noqa: E731
+    while length < end:
+        width = gamma if schedule is None else schedule(rounds)
+        _, true = target(pad(seq[: length - 1]), features=layers)  # causal: padding after
+        # Every entry in the head's width: the fused true features, then its own states.
+        prev = np.zeros((1, WIDTH, head.config.d_model), np.float32)
+        prev[0, 1:length] = np.asarray(head.fuse(true))[0, : length - 1]
+        drafts = seq[:length]
+        for _ in range(width):
+            logits, hidden = _head_pass(head, jnp.asarray(prev), pad(drafts), embed)
+            drafts = drafts + [int(ids[int(np.argmax(np.asarray(logits)[0, len(drafts) - 1]))])]
+            prev[0, len(drafts) - 1] = np.asarray(hidden)[0, len(drafts) - 2]
+        n = 0
+        while n < width and length + n < end and drafts[length + n] == seq[length + n]:
+            accepted_at[n] += 1
+            n += 1
+        rounds, length = rounds + 1, length + n + 1
+    return rounds, accepted_at
+
+
+def skip_then_draft(stats):
+    """γ = 0 for six rounds (more than the chunk of γ_max + 1 = 4 waiting features), then
+    3 for two rounds, then 0 again."""
+    return jnp.where((stats.round % 8 < 6) & (stats.round < 12), 0, 3)
+
+
+def _skip_rounds(r):
+    return 0 if (r % 8 < 6 and r < 12) else 3
+
+
+@pytest.mark.parametrize("skips", [False, True], ids=["chain", "plain_steps"])
+def test_drafts_are_the_heads_predictions_from_true_features(skips, monkeypatch):
+    """Every draft is the head's prediction from the target's true layer features up to
+    the pending token (prefill, verify calls and, with `skips`, plain target steps whose
+    features the head absorbs), then from its own hidden states."""
+    target = make_model(3, vocab=8, scale=0.6, num_layers=3)
+    head = make_eagle3(target, layers=(1, 2, 3), seed=1, scale=0.6, fc_norm=True)
+    prompts, gamma = ragged_prompts(6, 8, seed=4), 3
+    schedule = Custom(skip_then_draft, max_gamma=gamma) if skips else gamma
+    absorbed, absorb = [], HeadDrafter.absorb
+    monkeypatch.setattr(HeadDrafter, "absorb", lambda *a: absorbed.append(1) or absorb(*a))
+    out = speculative_generate(
+        target,
+        head,
+        prompts,
+        key=jax.random.key(0),
+        max_new_tokens=22 if skips else 16,
+        schedule=schedule,
+    )
+    total_at = np.zeros(gamma, int)
+    for b, prompt in enumerate(prompts):
+        rounds, at = _reference_rounds(
+            target, head, prompt, np.asarray(out.tokens)[b], gamma, _skip_rounds if skips else None
+        )
+        assert rounds == int(np.asarray(out.stats.rounds)[b])
+        total_at += at
+    np.testing.assert_array_equal(np.asarray(out.stats.accepted_at).sum(0), total_at)
+    assert total_at[1] > 0, "the test needs second drafts accepted (the head's own states)"
+    assert bool(absorbed) == skips
+
+
+# ---------------------------------------------------------------- greedy equality
+
+
+@pytest.fixture(scope="module")
+def greedy_pair():
+    target = make_model(10, vocab=32, scale=0.3, num_layers=3)
+    return target, make_eagle3(target, layers=(0, 2, 3), kept_ids=np.arange(0, 32, 2))
+
+
+@pytest.mark.parametrize("schedule,slots", [(3, None), ("skip", None), (3, 2)])
+def test_greedy_equals_autoregressive(greedy_pair, schedule, slots):
+    """Chain rounds, a schedule with γ = 0 plain steps, and two slots for eight prompts."""
+    target, head = greedy_pair
+    prompts = ragged_prompts(8, 32, seed=5)
+    kwargs = dict(max_new_tokens=14, sampling=GREEDY, eos_token_id=3)
+    ar = autoregressive_generate(target, prompts, key=jax.random.key(0), **kwargs)
+    schedule = Custom(skip_then_draft, max_gamma=3) if schedule == "skip" else schedule
+    generator = Generator(target, head, schedule=schedule, sampling=GREEDY, eos_token_id=3)
+    assert isinstance(generator.drafter, Eagle3Drafter)
+    spec = generator(prompts, key=jax.random.key(1), max_new_tokens=14, num_slots=slots)
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(ar.lengths))
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+def test_tree_greedy_equals_autoregressive(greedy_pair):
+    target, head = greedy_pair
+    prompts = ragged_prompts(4, 32, seed=6)
+    kwargs = dict(max_new_tokens=10, sampling=GREEDY)
+    ar = autoregressive_generate(target, prompts, key=jax.random.key(0), **kwargs)
+    spec = speculative_generate(
+        target, head, prompts, key=jax.random.key(1), schedule=3, tree=Tree(6, 3, 2), **kwargs
+    )
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+# ---------------------------------------------------------------- exactness
+
+SETTINGS = {
+    "t0.7": SamplingConfig(0.7),
+    "t1": SamplingConfig(1.0),
+    "t1_topp0.8": SamplingConfig(1.0, top_p=0.8),
+}
+
+
+@pytest.mark.slow
+def test_samples_follow_the_target(target, head):
+    """NUM_SAMPLES rows per setting, the settings mixed in one program (rows 2k and 2k + 1
+    take setting k mod 3, alternating between the two PROMPTS); γ = 2, with round 1 a
+    plain target step (its features absorbed)."""
+    names = sorted(SETTINGS)
+    rows = NUM_SAMPLES * len(names)
+    prompts = [PROMPTS[b % 2] for b in range(rows)]
+    sampling = [SETTINGS[names[(b // 2) % len(names)]] for b in range(rows)]
+    out = speculative_generate(
+        target,
+        head,
+        prompts,
+        key=jax.random.key(11),
+        max_new_tokens=3,
+        schedule=Custom(lambda s: jnp.where(s.round == 1, 0, 2), 2),
+        sampling=sampling,
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(rows)]
+    assert 0.05 < out.stats.acceptance_rate < 0.95
+    assert any(3 in seq for seq in seqs[:2000])  # never drafted, emitted by the residual
+    for k, name in enumerate(names):
+        mine = [s for b, s in enumerate(seqs) if (b // 2) % len(names) == k]
+        assert_follows_target(target, mine, SETTINGS[name], None, f"eagle3 {name}")
+
+
+# ---------------------------------------------------------------- programs
+
+
+def test_no_recompilation_and_no_cache_copies(target, head):
+    generator = Generator(target, head, schedule=Custom(skip_then_draft, max_gamma=3))
+    run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
+    hlo = run.lower().compile().as_text()
+    assert "while" in hlo
+    for c in (head.config.layer, target.config):
+        shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
+        assert shape in hlo
+        assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+    generator([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
+    with count_compiles() as compiles:
+        generator([[2, 2, 3], [5]], key=jax.random.key(1), max_new_tokens=8)
+    assert compiles[0] == 0
+
+
+# ---------------------------------------------------------------- heads and files
+
+
+def test_head_for_another_target_is_refused_before_compiling(target):
+    with pytest.raises(ValueError, match=r"reads layers \[0, 1, 5\]; the target has 2"):
+        Generator(target, make_eagle3(target, layers=(0, 1, 5)))
+    wider = make_model(0, d_model=48)
+    with pytest.raises(ValueError, match="hidden size 48"):
+        Generator(target, make_eagle3(wider))
+    bigger = make_model(0, vocab=VOCAB + 2)
+    with pytest.raises(ValueError, match="vocabulary is 8"):
+        Generator(target, make_eagle3(bigger))
+    outside = make_eagle3(target, kept_ids=[0, 1, 2])
+    outside.vocab_map.set_value(jnp.asarray([0, 1, 6], jnp.int32))
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        Generator(target, outside)
+
+
+def test_generate_drafts_with_a_speculators_directory(pair, tmp_path, capsys):
+    """`generate --draft DIR` with a head in the speculators format: greedy text equals
+    the autoregressive text; a head for other layers is refused naming them."""
+    from jax_specdec.cli import main
+    from jax_specdec.io.hf import load_model
+
+    target = load_model(pair / "target")
+    vocab = target.config.vocab_size
+    head = make_eagle3(target, kept_ids=np.arange(0, vocab, 3))
+    save_speculators(head, tmp_path / "eagle3")
+    drafter, attached = attach_eagle3(tmp_path / "eagle3", target)
+    assert drafter.feature_layers == (0, 1, 2) and isinstance(attached.head, Eagle3Head)
+    argv = ["generate", "--target", str(pair / "target"), "--draft", str(tmp_path / "eagle3")]
+    argv += ["def f(x):", "--max-new-tokens", "10", "--compare", "--eos", "none", "--json"]
+    assert main(argv) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["same_text_as_autoregressive"] is True
+    save_speculators(make_eagle3(target, layers=(0, 1, 3)), tmp_path / "deep")
+    argv[4] = str(tmp_path / "deep")
+    assert "reads layers [0, 1, 3]; the target has 2" in cli_refusal(argv, capsys)
