@@ -227,31 +227,46 @@ SETTINGS = {
 }
 
 
-@pytest.mark.slow
-def test_samples_follow_the_target(target, head):
-    """NUM_SAMPLES rows per setting, the settings mixed in one program (rows 2k and 2k + 1
-    take setting k mod 3, alternating between the two PROMPTS); γ = 2, with round 1 a
-    plain target step (its features absorbed)."""
-    names = sorted(SETTINGS)
-    rows = NUM_SAMPLES * len(names)
-    prompts = [PROMPTS[b % 2] for b in range(rows)]
-    sampling = [SETTINGS[names[(b // 2) % len(names)]] for b in range(rows)]
+def _samples(target, head, names, **kwargs):
+    """NUM_SAMPLES rows per setting of `names`, the settings mixed in one program (rows
+    2k and 2k + 1 take setting k mod n, alternating between the two PROMPTS): the
+    output's stats and each setting's sequences."""
+    n = len(names)
+    rows = NUM_SAMPLES * n
     out = speculative_generate(
         target,
         head,
-        prompts,
+        [PROMPTS[b % 2] for b in range(rows)],
         key=jax.random.key(11),
         max_new_tokens=3,
-        schedule=Custom(lambda s: jnp.where(s.round == 1, 0, 2), 2),
-        sampling=sampling,
+        sampling=[SETTINGS[names[(b // 2) % n]] for b in range(rows)],
+        **kwargs,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     seqs = [tuple(tokens[b, : lengths[b]].tolist()) for b in range(rows)]
-    assert 0.05 < out.stats.acceptance_rate < 0.95
-    assert any(3 in seq for seq in seqs[:2000])  # never drafted, emitted by the residual
-    for k, name in enumerate(names):
-        mine = [s for b, s in enumerate(seqs) if (b // 2) % len(names) == k]
+    return out.stats, [[s for b, s in enumerate(seqs) if (b // 2) % n == k] for k in range(n)]
+
+
+@pytest.mark.slow
+def test_samples_follow_the_target(target, head):
+    """T = 0.7, T = 1 and top-p rows in one program; γ = 2, with round 1 a plain target
+    step (its features absorbed)."""
+    names = sorted(SETTINGS)
+    schedule = Custom(lambda s: jnp.where(s.round == 1, 0, 2), 2)
+    stats, seqs = _samples(target, head, names, schedule=schedule)
+    assert 0.05 < stats.acceptance_rate < 0.95
+    assert any(3 in seq for seq in seqs[0][:2000])  # never drafted, emitted by the residual
+    for name, mine in zip(names, seqs, strict=True):
         assert_follows_target(target, mine, SETTINGS[name], None, f"eagle3 {name}")
+
+
+@pytest.mark.slow
+def test_sampled_tree_follows_the_target(target, head):
+    """A sampled tree (children drawn without replacement from the head's q, recursive
+    rejection) at T = 1."""
+    stats, seqs = _samples(target, head, ["t1"], schedule=2, tree=Tree(4, 2, 2, sampled=True))
+    assert stats.acceptance_rate > 0.05
+    assert_follows_target(target, seqs[0], SETTINGS["t1"], None, "eagle3 sampled tree")
 
 
 # ---------------------------------------------------------------- programs

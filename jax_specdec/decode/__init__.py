@@ -13,7 +13,8 @@ The modules, in the order a round runs through them:
 - `round`: a speculative round (schedule → drafter → verify → cache writes) or a
   plain target step.
 - `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`),
-  `head_drafter` (`HeadDrafter`, a head reading the target's features) and
+  `head_drafter` (`HeadDrafter`, a head reading the target's features),
+  `eagle3_drafter` (`Eagle3Drafter`, an EAGLE-3 head reading three target layers) and
   `ngram` (`NGram`) implement it.
 - `verify`: the target scores the proposal; the acceptance step decides.
 - `tree`, `tree_round`, `tree_accept`, `head_tree`: token trees (shape, mask, walk), the
