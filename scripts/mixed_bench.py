@@ -3,10 +3,12 @@ sampling) against the same rows run group by group, one program and one pass thr
 slots per setting (what `jax-specdec batch` did before sampling settings were per row).
 
     python scripts/mixed_bench.py [--rows 256] [--slots 16] [--repeats 3] [--draft ngram]
+        [--settings 4|16]
 
-Settings in turn by row: greedy, T = 0.7, T = 1 with top-p 0.9, T = 1 with top-k 50;
-budgets geometric (mean 32, cap 256, as a workload ended by EOS). Both ways run once to
-compile, then interleaved `--repeats` times; tokens/s medians. Writes
+Settings in turn by row: greedy, T = 0.7, T = 1 with top-p 0.9, T = 1 with top-k 50
+(`--settings 16`: temperatures 0, 0.1, …, 1.5); budgets geometric (mean 32, cap 256, as
+a workload ended by EOS). Both ways run once (compiling: its seconds are recorded), then
+interleaved `--repeats` times; tokens/s and slot occupancy, medians. Writes
 scripts/experiments/mixed_bench/mixed_bench.json (or --out) and prints a markdown table.
 Run from the repository root.
 """
@@ -24,22 +26,23 @@ from jax_specdec.decode import NGram
 from jax_specdec.report import markdown_table
 from jax_specdec.sampling import SamplingConfig
 
-SETTINGS = [
+FOUR = [
     {"temperature": 0},
     {"temperature": 0.7},
     {"temperature": 1, "top_p": 0.9},
     {"temperature": 1, "top_k": 50},
 ]
+SIXTEEN = [{"temperature": t / 10} for t in range(16)]
 
 
-def job_lines(prompts, rows: int) -> list[dict]:
+def job_lines(prompts, rows: int, settings: list[dict]) -> list[dict]:
     budgets = np.minimum(np.random.default_rng(1).geometric(1 / 32, size=rows), 256)
     return [
         {
             "id": i,
             "prompt": prompts[i % len(prompts)],
             "max_new_tokens": int(budgets[i]),
-            **SETTINGS[i % len(SETTINGS)],
+            **settings[i % len(settings)],
         }
         for i in range(rows)
     ]
@@ -59,7 +62,7 @@ def read(path, tokenizer, target):
 
 def timed(groups, generate, slots, work, tag) -> dict:
     """One pass over the groups (each a list of rows, one job each): tokens, seconds."""
-    tokens = seconds = 0.0
+    tokens = seconds = rounds = 0.0
     for g, rows in enumerate(groups):
         out = work / f"{tag}-{g}.jsonl"
         out.unlink(missing_ok=True)
@@ -69,7 +72,13 @@ def timed(groups, generate, slots, work, tag) -> dict:
         )
         tokens += summary["tokens"]
         seconds += summary["seconds"]
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds}
+        rounds += summary["occupancy"] * summary["seconds"]
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "occupancy": rounds / seconds,  # time-weighted over the groups
+    }
 
 
 def main() -> None:
@@ -78,30 +87,53 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--draft", choices=["model", "ngram"], default="model")
+    parser.add_argument("--settings", type=int, choices=[4, 16], default=4)
     args = parser.parse_args()
     target, draft, tokenizer, prompts = pair_setup.load_pair()
     draft = NGram() if args.draft == "ngram" else draft
     work = pathlib.Path(tempfile.mkdtemp())
     inp = work / "in.jsonl"
-    inp.write_text("".join(json.dumps(r) + "\n" for r in job_lines(prompts, args.rows)))
+    inp.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in job_lines(prompts, args.rows, FOUR if args.settings == 4 else SIXTEEN)
+        )
+    )
     rows = read(inp, tokenizer, target)
     grouped = [
         [r for r in rows if r.sampling == s] for s in dict.fromkeys(r.sampling for r in rows)
     ]
     ways = {"mixed": [rows], "grouped": grouped}
     generate = make_generate(target, draft, eos_token_id=None, num_slots=args.slots)
-    for name, groups in ways.items():  # compile
-        timed(groups, generate, args.slots, work, name)
+    compiling = {
+        name: timed(groups, generate, args.slots, work, name) for name, groups in ways.items()
+    }
     runs = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, groups in ways.items():
             runs[name].append(timed(groups, generate, args.slots, work, name))
             print(name, f"{runs[name][-1]['tokens_per_second']:.0f} tokens/s", flush=True)
     median = {n: statistics.median(r["tokens_per_second"] for r in runs[n]) for n in ways}
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "median": median}
+    occupancy = {n: statistics.median(r["occupancy"] for r in runs[n]) for n in ways}
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "first_pass": compiling,
+        "runs": runs,
+        "median": median,
+    }
     pair_setup.write_json(args.out, result)
-    table = [[n, f"{median[n]:.0f}", f"{median[n] / median['grouped']:.2f}"] for n in ways]
-    print(markdown_table(["way", "tokens/s (median)", "over grouped"], table))
+    table = [
+        [
+            n,
+            f"{median[n]:.0f}",
+            f"{median[n] / median['grouped']:.2f}",
+            f"{occupancy[n]:.2f}",
+            f"{compiling[n]['seconds']:.0f}",
+        ]
+        for n in ways
+    ]
+    header = ["way", "tokens/s (median)", "over grouped", "occupancy", "first pass s"]
+    print(markdown_table(header, table))
 
 
 if __name__ == "__main__":
