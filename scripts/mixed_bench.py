@@ -3,12 +3,13 @@ sampling) against the same rows run group by group, one program and one pass thr
 slots per setting (what `jax-specdec batch` did before sampling settings were per row).
 
     python scripts/mixed_bench.py [--rows 256] [--slots 16] [--repeats 3] [--draft ngram]
-        [--settings 4|16]
+        [--settings 4|4t|16]
 
 Settings in turn by row: greedy, T = 0.7, T = 1 with top-p 0.9, T = 1 with top-k 50
-(`--settings 16`: temperatures 0, 0.1, …, 1.5); budgets geometric (mean 32, cap 256, as
-a workload ended by EOS). Both ways run once (compiling: its seconds are recorded), then
-interleaved `--repeats` times; tokens/s and slot occupancy, medians. Writes
+(`--settings 4t`: temperatures 0.5, 0.7, 0.9, 1; `16`: temperatures 0, 0.1, …, 1.5);
+budgets geometric (mean 32, cap 256, as a workload ended by EOS). Both ways run once
+(compiling: its seconds are recorded), then interleaved `--repeats` times; tokens/s and
+slot occupancy, medians. Writes
 scripts/experiments/mixed_bench/mixed_bench.json (or --out) and prints a markdown table.
 Run from the repository root.
 """
@@ -33,6 +34,8 @@ FOUR = [
     {"temperature": 1, "top_k": 50},
 ]
 SIXTEEN = [{"temperature": t / 10} for t in range(16)]
+TEMPERATURES = [{"temperature": t} for t in (0.5, 0.7, 0.9, 1.0)]
+SETTINGS = {"4": FOUR, "16": SIXTEEN, "4t": TEMPERATURES}
 
 
 def job_lines(prompts, rows: int, settings: list[dict]) -> list[dict]:
@@ -87,7 +90,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--draft", choices=["model", "ngram"], default="model")
-    parser.add_argument("--settings", type=int, choices=[4, 16], default=4)
+    parser.add_argument("--settings", choices=sorted(SETTINGS), default="4")
     args = parser.parse_args()
     target, draft, tokenizer, prompts = pair_setup.load_pair()
     draft = NGram() if args.draft == "ngram" else draft
@@ -96,7 +99,7 @@ def main() -> None:
     inp.write_text(
         "".join(
             json.dumps(r) + "\n"
-            for r in job_lines(prompts, args.rows, FOUR if args.settings == 4 else SIXTEEN)
+            for r in job_lines(prompts, args.rows, SETTINGS[args.settings])
         )
     )
     rows = read(inp, tokenizer, target)
