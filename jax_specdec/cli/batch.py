@@ -291,6 +291,9 @@ def _run(args, parser, interrupt) -> int:
             from jax_specdec.batch_ray import run_ray_job
 
             settings = {k: v for k, v in vars(args).items() if k not in ("handler", "parser")}
+            for flag in ("target", "draft"):  # a worker's directory is not the driver's
+                if pathlib.Path(settings[flag]).exists():
+                    settings[flag] = str(pathlib.Path(settings[flag]).resolve())
             summary = run_ray_job(
                 rows,
                 output,
