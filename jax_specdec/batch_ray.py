@@ -41,7 +41,7 @@ from jax_specdec.batch import (
 from jax_specdec.batch_input import JobRow
 from jax_specdec.sampling import SamplingPlan
 
-__all__ = ["id_hash", "merge_output", "run_ray_job"]
+__all__ = ["id_hash", "merge_output", "run_ray_job", "shard_calls"]
 
 
 def id_hash(key: str) -> str:
