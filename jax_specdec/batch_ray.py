@@ -38,7 +38,7 @@ from jax_specdec.batch import (
     _summary,
     plan_batches,
 )
-from jax_specdec.batch_input import JobRow
+from jax_specdec.batch_input import JobError, JobRow
 from jax_specdec.sampling import SamplingPlan
 
 __all__ = ["id_hash", "merge_output", "run_ray_job", "shard_calls"]
@@ -77,14 +77,24 @@ class _Worker:
         self.plan = plan
 
     def __call__(self, batch: dict) -> dict:
-        lines, slot_rounds = [], []
+        lines, slot_rounds, errors = [], [], []
         for blob in batch["call"]:
-            records, rounds = _run_batch(
-                pickle.loads(blob), self.generate, self.detokenize, self.plan
-            )
+            try:
+                records, rounds = _run_batch(
+                    pickle.loads(blob), self.generate, self.detokenize, self.plan
+                )
+            except JobError as e:  # sent back as data: Ray would wrap it past recognition
+                records, rounds = [], 0
+                errors.append(str(e))
+            else:
+                errors.append("")
             lines.append("".join(json.dumps(r) + "\n" for r in records))
             slot_rounds.append(rounds)
-        return {"lines": np.array(lines, dtype=object), "slot_rounds": np.array(slot_rounds)}
+        return {
+            "lines": np.array(lines, dtype=object),
+            "slot_rounds": np.array(slot_rounds),
+            "error": np.array(errors, dtype=object),
+        }
 
 
 def merge_output(output) -> None:
@@ -187,6 +197,8 @@ def run_ray_job(
             bar = tqdm(total=len(pending), desc="batch", unit="row", disable=not progress)
             with bar:
                 for item in dataset.iter_rows():
+                    if item["error"]:
+                        raise JobError(item["error"])
                     if not _job_file(output).exists():
                         _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
                     with open(output, "a", encoding="utf-8") as f:
