@@ -19,7 +19,10 @@ Measures, in bfloat16 (random weights; timings do not depend on their values):
    target's and both heads are sharpened by the same factor, so their distributions
    agree partly (the acceptance rate α is reported);
 3. the attention kernels (einsum, and `jax.nn.dot_product_attention` through XLA and
-   cuDNN) at the longest context.
+   cuDNN) at the longest context;
+4. the per-row sampling transforms (`RowSampling.probs`) on a verify call's logits
+   [16, 5, vocab]: temperature only, and a mix of greedy, temperature, top-p and top-k
+   rows, against one setting for all rows (`probs_from_logits`).
 
 Writes device_bench.json and device_bench.md into the folder named on the command line.
 Sections run in order, each within its share of `--budget-s`; cases left when a share is
@@ -41,8 +44,9 @@ import numpy as np
 from flax import nnx
 
 from jax_specdec import NGram, SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.bench import bare_matmul_time, decode_step_time, time_interleaved
+from jax_specdec.bench import bare_matmul_time, decode_step_time, time_call, time_interleaved
 from jax_specdec.nn import Transformer, TransformerConfig, attention
+from jax_specdec.sampling import RowSampling, probs_from_logits
 
 FULL = dict(
     # the most telling first, in case the budget runs out; 9-65: tree rounds of 8-64 nodes
@@ -56,6 +60,8 @@ FULL = dict(
     repeats=3,
     steps=8,
     kernel_tokens=(1, 5),
+    sampling_shape=(16, 5),  # (rows, tokens per row) of a verify call's logits
+    sampling_reps=16,
 )
 QUICK = dict(
     tokens=(1, 2),
@@ -68,6 +74,8 @@ QUICK = dict(
     repeats=1,
     steps=2,
     kernel_tokens=(1,),
+    sampling_shape=(4, 3),
+    sampling_reps=2,
 )
 
 
@@ -242,6 +250,42 @@ def kernels(model, plan: dict, budget: Budget) -> list:
     return rows
 
 
+MIXES = {
+    "one setting, T 1 (probs_from_logits)": None,
+    "rows: temperatures only": [SamplingConfig(t) for t in (0.5, 0.7, 1.0, 1.3)],
+    "rows: greedy, T 0.7, top-p 0.9, top-k 50": [
+        SamplingConfig(0.0),
+        SamplingConfig(0.7),
+        SamplingConfig(1.0, top_p=0.9),
+        SamplingConfig(1.0, top_k=50),
+    ],
+}
+
+
+def sampling_transforms(vocab: int, plan: dict, budget: Budget) -> list:
+    """Milliseconds per verify call's logits of each sampling transform, timed over
+    `sampling_reps` different logits arrays per call (so one call's dispatch is spread)."""
+    rows, tokens = plan["sampling_shape"]
+    reps = plan["sampling_reps"]
+    logits = 3.0 * jax.random.normal(jax.random.key(3), (reps, rows, tokens, vocab))
+    out = []
+    for label, mix in MIXES.items():
+        if not budget.allows("sampling", label):
+            continue
+        if mix is None:
+            fn = jax.jit(jax.vmap(lambda x: probs_from_logits(x, SamplingConfig(1.0))))
+        else:
+            settings = RowSampling.of([mix[b % len(mix)] for b in range(rows)])
+            fn = jax.jit(jax.vmap(settings.probs))
+        timing = time_call(lambda f=fn: f(logits), repeats=plan["repeats"] + 2)
+        out.append(dict(transform=label, rows=rows, tokens=tokens, vocab=vocab,
+                        ms=1e3 * timing.median / reps))  # fmt: skip
+    base = out[0]["ms"] if out and out[0]["transform"] == next(iter(MIXES)) else None
+    for r in out:
+        r["vs_one_setting"] = None if base is None else r["ms"] / base
+    return out
+
+
 def markdown(result: dict) -> str:
     lines = [f"# device_bench ({result['device']}, {result['dtype']})", ""]
     lines += [f"Parameters: {result['parameters']}", "", "## Step cost (SmolLM2-135M shapes)", ""]
@@ -267,6 +311,12 @@ def markdown(result: dict) -> str:
         ms = f"{r['ms']:.2f}" if "ms" in r else r["error"]
         lines.append(f"| {r['kernel']} | {r['batch']} | {r['tokens']} | {r['cache_len']} | "
                      f"{r['context']} | {ms} |")  # fmt: skip
+    lines += ["", "## Per-row sampling transforms", "",
+              "| transform | logits | ms | vs one setting |", "|---|---|---|---|"]  # fmt: skip
+    for r in result["sampling"]:
+        ratio = "" if r["vs_one_setting"] is None else f"{r['vs_one_setting']:.2f}"
+        lines.append(f"| {r['transform']} | [{r['rows']}, {r['tokens']}, {r['vocab']}] | "
+                     f"{r['ms']:.3f} | {ratio} |")  # fmt: skip
     if result["skipped"]:
         lines += ["", "Skipped (budget spent): " + "; ".join(result["skipped"])]
     lines += ["", f"Wall time {result['wall_s']:.0f} s."]
@@ -276,7 +326,8 @@ def markdown(result: dict) -> str:
 def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float) -> dict:
     plan = QUICK if quick else FULL
     start = time.perf_counter()
-    budget = Budget(budget_s, {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.1})
+    shares = {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.07, "sampling": 0.03}
+    budget = Budget(budget_s, shares)
     configs = model_configs(quick, dtype)
     smollm = sharpened(configs["smollm"], 0, sharpness)
     result = dict(device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
@@ -300,6 +351,8 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
     )
     marks.append(time.perf_counter())
     result["kernels"] = kernels(smollm, plan, budget)
+    marks.append(time.perf_counter())
+    result["sampling"] = sampling_transforms(smollm.config.vocab_size, plan, budget)
     marks.append(time.perf_counter())
     result["section_s"] = dict(zip(budget.shares, np.diff(marks).tolist(), strict=True))
     result["skipped"] = budget.skipped

@@ -35,5 +35,9 @@ def test_quick_run_writes_json_and_table(tmp_path):
     assert params["target_1b"] > params["smollm"] > params["draft"] > 0
     assert {r["kernel"] for r in result["kernels"]} == {"einsum", "xla", "cudnn"}
     assert all(r["ms"] > 0 for r in result["kernels"])  # on CPU "cudnn" falls back to "xla"
+    mixes = [r["transform"] for r in result["sampling"]]
+    assert len(mixes) == 3 and result["sampling"][0]["vs_one_setting"] == 1.0
+    assert all(r["ms"] > 0 for r in result["sampling"])
     table = (out / "device_bench.md").read_text()
     assert "| smollm | 2 | autoregressive |" in table and "Attention kernels" in table
+    assert "Per-row sampling transforms" in table
