@@ -323,37 +323,45 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float) -> dict:
-    plan = QUICK if quick else FULL
+SHARES = {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.07, "sampling": 0.03}
+
+
+def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float,
+        sections=tuple(SHARES), overrides=None) -> dict:  # fmt: skip
+    """The chosen `sections` (of SHARES) with the plan's entries replaced by `overrides`."""
+    plan = {**(QUICK if quick else FULL), **(overrides or {})}
     start = time.perf_counter()
-    shares = {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.07, "sampling": 0.03}
-    budget = Budget(budget_s, shares)
+    budget = Budget(budget_s, {name: SHARES[name] for name in sections})
     configs = model_configs(quick, dtype)
     smollm = sharpened(configs["smollm"], 0, sharpness)
     result = dict(device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
-                  dtype=dtype, quick=quick, jax=jax.__version__,
-                  python=platform.python_version(), plan=plan)  # fmt: skip
+                  dtype=dtype, quick=quick, jax=jax.__version__, sections=list(sections),
+                  python=platform.python_version(), plan=plan, generation=[],
+                  steps={"bare_ms": {}, "rows": []}, kernels=[], sampling=[],
+                  parameters={"smollm": parameter_count(smollm)})  # fmt: skip
     marks = [time.perf_counter()]
-    result["steps"] = step_table(smollm, plan, budget)
-    marks.append(time.perf_counter())
-    draft = draft_for(smollm, configs["draft"], sharpness)
-    drafts = {"draft": draft, "ngram": NGram(max_ngram=3)}
-    result["generation"] = generation("smollm", smollm, drafts, plan, budget, "smollm")
-    marks.append(time.perf_counter())
-    target = sharpened(configs["target_1b"], 1, sharpness)
-    draft = draft_for(target, configs["draft"], sharpness)
-    result["parameters"] = {
-        "smollm": parameter_count(smollm), "target_1b": parameter_count(target),
-        "draft": parameter_count(draft),
-    }  # fmt: skip
-    result["generation"] += generation(
-        "target_1b", target, {"draft": draft}, plan, budget, "target_1b"
-    )
-    marks.append(time.perf_counter())
-    result["kernels"] = kernels(smollm, plan, budget)
-    marks.append(time.perf_counter())
-    result["sampling"] = sampling_transforms(smollm.config.vocab_size, plan, budget)
-    marks.append(time.perf_counter())
+    if "steps" in sections:
+        result["steps"] = step_table(smollm, plan, budget)
+        marks.append(time.perf_counter())
+    if "smollm" in sections:
+        draft = draft_for(smollm, configs["draft"], sharpness)
+        drafts = {"draft": draft, "ngram": NGram(max_ngram=3)}
+        result["generation"] += generation("smollm", smollm, drafts, plan, budget, "smollm")
+        marks.append(time.perf_counter())
+    if "target_1b" in sections:
+        target = sharpened(configs["target_1b"], 1, sharpness)
+        draft = draft_for(target, configs["draft"], sharpness)
+        result["parameters"].update(target_1b=parameter_count(target), draft=parameter_count(draft))
+        result["generation"] += generation(
+            "target_1b", target, {"draft": draft}, plan, budget, "target_1b"
+        )
+        marks.append(time.perf_counter())
+    if "kernels" in sections:
+        result["kernels"] = kernels(smollm, plan, budget)
+        marks.append(time.perf_counter())
+    if "sampling" in sections:
+        result["sampling"] = sampling_transforms(smollm.config.vocab_size, plan, budget)
+        marks.append(time.perf_counter())
     result["section_s"] = dict(zip(budget.shares, np.diff(marks).tolist(), strict=True))
     result["skipped"] = budget.skipped
     result["wall_s"] = time.perf_counter() - start
@@ -365,6 +373,10 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
     return result
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", help="folder for device_bench.json and device_bench.md")
@@ -374,9 +386,22 @@ def main(argv=None):
                    help="seconds for all measurements (default 420, --quick 120)")  # fmt: skip
     p.add_argument("--sharpness", type=float, default=1.0,
                    help="logit of the repeated token / ln(vocab) in the random models")  # fmt: skip
+    p.add_argument("--sections", default=",".join(SHARES),
+                   help="comma-separated subset of: " + ", ".join(SHARES))  # fmt: skip
+    p.add_argument("--tokens", type=_ints, help="tokens per row of the step table, e.g. 1,5,9")
+    p.add_argument("--batches", type=_ints, help="batch sizes of the step table, e.g. 1,8")
+    p.add_argument("--cache-lens", type=_ints,
+                   help="allocated caches of the step table (context 192), e.g. 256")  # fmt: skip
     args = p.parse_args(argv)
+    sections = tuple(args.sections.split(","))
+    unknown = set(sections) - set(SHARES)
+    if unknown:
+        p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SHARES)}")
+    overrides = {k: getattr(args, k) for k in ("tokens", "batches") if getattr(args, k)}
+    if args.cache_lens:
+        overrides["caches"] = tuple((c, min(192, c * 3 // 4)) for c in args.cache_lens)
     budget = args.budget_s if args.budget_s is not None else (120.0 if args.quick else 420.0)
-    result = run(args.out_dir, args.quick, args.dtype, budget, args.sharpness)
+    result = run(args.out_dir, args.quick, args.dtype, budget, args.sharpness, sections, overrides)
     print(markdown(result))
     return 0
 

@@ -41,3 +41,18 @@ def test_quick_run_writes_json_and_table(tmp_path):
     table = (out / "device_bench.md").read_text()
     assert "| smollm | 2 | autoregressive |" in table and "Attention kernels" in table
     assert "Per-row sampling transforms" in table
+
+
+def test_unknown_section_is_refused(capsys):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import device_bench
+    finally:
+        sys.path.pop(0)
+    try:
+        device_bench.main(["/nonexistent", "--sections", "steps,bogus"])
+    except SystemExit as exit:
+        assert exit.code == 2
+    else:
+        raise AssertionError("--sections bogus was accepted")
+    assert "--sections: unknown ['bogus']" in capsys.readouterr().err
