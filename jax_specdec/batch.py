@@ -109,6 +109,14 @@ def _finished_ids(output: pathlib.Path) -> set[str]:
 
 
 def _file_digest(path: pathlib.Path) -> str:
+    """The SHA-256 (hex) of a file, hashed once while its size and time stay the same (a
+    multi-host job checks the model files before `model_identity` records them)."""
+    stat = os.stat(path)
+    return _digest(str(pathlib.Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -164,12 +172,24 @@ def make_generate(
     decoding of `target` when draft is None; through `num_slots` slots if given (at most
     one per row); on `mesh` if given (a fixed batch is padded to a multiple of its data
     axis, a call on slots to at least one row per data shard, with copies of its last
-    row whose outputs are dropped; slots are then a multiple of the data axis)."""
+    row whose outputs are dropped; slots are then a multiple of the data axis). On a mesh
+    over several processes' devices every process gets the whole output, as NumPy arrays
+    (`batch_multihost.run_replicated`)."""
     import jax
 
-    from jax_specdec.decode import autoregressive_generate, speculative_generate
+    from jax_specdec.decode import Generator
 
     data = 1 if mesh is None else mesh.shape["data"]
+    models = (target,) if draft is None else (target, draft)
+    rounds = {} if draft is None else dict(num_draft_tokens=num_draft_tokens, tree=tree)
+    if draft is not None:
+        rounds["acceptance"] = acceptance
+    # Made once: the weights are placed on the mesh once for all calls.
+    generator = Generator(*models, **rounds, eos_token_id=eos_token_id, mesh=mesh)
+    # A mesh over several processes' devices: the output comes back whole on every process.
+    spans = mesh is not None and {d.process_index for d in mesh.devices.flat} != {
+        jax.process_index()
+    }
 
     def generate(prompts, keys, sampling, max_new_tokens):
         rows = len(prompts)
@@ -181,19 +201,15 @@ def make_generate(
         slots = None
         if num_slots is not None:
             slots = max(min(num_slots, len(prompts)) // data * data, data)
-        common = dict(
-            key=keys,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            eos_token_id=eos_token_id,
-            mesh=mesh,
-            num_slots=slots,
+        run = generator.bind(
+            prompts, key=keys, max_new_tokens=max_new_tokens, sampling=sampling, num_slots=slots
         )
-        if draft is None:
-            out = autoregressive_generate(target, prompts, **common)
+        if spans:
+            from jax_specdec.batch_multihost import run_replicated
+
+            out = run_replicated(run)
         else:
-            rounds = dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
-            out = speculative_generate(target, draft, prompts, **rounds, **common)
+            out = run()
         width = len(prompts)
         return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == width else a, out)
 
@@ -273,9 +289,9 @@ def _call_limit(batch_size: int, slots: int | None, rows_per_call: int | None) -
     return rows_per_call or CALL_SLOTS * slots
 
 
-def _append(output, job, plan, totals, run, progress, stop) -> bool:
+def _append(output, job, plan, totals, run, progress, stop, *, write: bool = True) -> bool:
     """Runs the plan's calls with `run` (`_run_batch`), appending each call's lines (the
-    job file with the first); returns whether `stop` ended it early."""
+    job file with the first) if `write`; returns whether `stop` ended it early."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -285,18 +301,23 @@ def _append(output, job, plan, totals, run, progress, stop) -> bool:
             if stop is not None and stop():
                 return True
             results, slot_rounds = run(batch)
-            if not _job_file(output).exists():
-                _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
             totals["slot_rounds"] += slot_rounds
-            # Appended and synced call by call: a killed job loses at most this call.
-            with open(output, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in results))
-                f.flush()
-                os.fsync(f.fileno())
+            if write:
+                _write_call(output, job, results)
             _add_up(totals, results)
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{totals['tokens'] / (time.perf_counter() - start):.0f}")
     return False
+
+
+def _write_call(output: pathlib.Path, job: dict, results: list[dict]) -> None:
+    if not _job_file(output).exists():
+        _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
+    # Appended and synced call by call: a killed job loses at most this call.
+    with open(output, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in results))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _add_up(totals: dict, results: list[dict]) -> None:

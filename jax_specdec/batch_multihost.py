@@ -1,0 +1,221 @@
+"""One batch job over the processes of a `jax.distributed` run (`jax-specdec batch
+--distributed`): every host of a slice runs the same command.
+
+Every process reads the input and loads the models. Before anything is generated the
+processes compare the SHA-256 of their input file, of their model files and of their
+flags (`check_same`): if one differs, every process stops with the same error, naming
+it. Process 0 alone reads the output (the job file, the finished ids, a torn last line
+cut off) and broadcasts the rows still to run, as indexes into the input; every process
+then cuts the same calls (`plan_batches`) under the job's one `SamplingPlan` and makes
+the same sequence of calls to the same compiled program, on a mesh over all processes'
+devices. Each call's output is gathered to every process (`process_allgather`); process
+0 alone writes the lines (appended and synced call by call), the job file, the progress
+bar and the summary. The file is the one a one-process job writes, byte for byte, so
+either kind of run resumes the other's output.
+
+A process that dies leaves the others waiting in a collective: stop them all and run the
+same command on every process again; the rows already written are not run again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import pathlib
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_specdec.batch import (
+    _append,
+    _call_limit,
+    _file_digest,
+    _pending,
+    _run_batch,
+    _summary,
+    plan_batches,
+)
+from jax_specdec.batch_input import JobError, JobRow
+from jax_specdec.decode import program
+from jax_specdec.decode.stats import take_rows
+from jax_specdec.sampling import SamplingPlan
+
+__all__ = [
+    "check_same",
+    "digest",
+    "flags_digest",
+    "initialize",
+    "run_multihost_job",
+    "run_replicated",
+]
+
+MISSING = bytes(32)  # the digest of a file a process does not have
+
+
+def initialize(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """`jax.distributed.initialize`, with gloo for collectives on CPU devices. What is
+    None JAX finds itself (JAX_COORDINATOR_ADDRESS, a Cloud TPU slice, SLURM, ...)."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+    )
+
+
+def digest(path) -> bytes:
+    """The SHA-256 of a file (MISSING if there is none)."""
+    path = pathlib.Path(path)
+    return bytes.fromhex(_file_digest(path)) if path.is_file() else MISSING
+
+
+def check_same(items: dict[str, bytes]) -> None:
+    """Stops every process with the same JobError unless all hold the same digests.
+
+    Args:
+      items: what must agree, by name (e.g. "--input in.jsonl") -> a 32-byte SHA-256.
+    """
+    local = np.array([list(v) for v in items.values()], np.int32)  # [K, 32]
+    every = np.asarray(multihost_utils.process_allgather(local))  # [P, K, 32]
+    for k, name in enumerate(items):
+        if (every[:, k] != every[0, k]).any():
+            seen = ", ".join(
+                f"{_short(bytes(every[p, k].astype(np.uint8).tolist()))} on process {p}"
+                for p in range(len(every))
+            )
+            raise JobError(
+                f"{name} differs between processes (SHA-256 {seen}): every process must run "
+                "the same command on the same files"
+            )
+
+
+def _short(value: bytes) -> str:
+    return "missing" if value == MISSING else value.hex()[:12] + "…"
+
+
+def _broadcast(values: np.ndarray, size: int) -> np.ndarray:
+    """Process 0's int32 [size] array, on every process."""
+    if not size:
+        return np.zeros(0, np.int32)
+    mine = values if jax.process_index() == 0 else np.zeros(size, np.int32)
+    return np.asarray(multihost_utils.broadcast_one_to_all(mine.astype(np.int32)))
+
+
+def _agree_pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> list[int]:
+    """Process 0 checks `output` as a one-process job does and sends every process the
+    indexes of the rows still to run (or its error, raised on every process)."""
+    status, payload = 0, np.zeros(0, np.int32)
+    if jax.process_index() == 0:
+        try:
+            done, _ = _pending(rows, output, job)
+            payload = np.array([i for i, r in enumerate(rows) if r.key not in done], np.int32)
+        except (JobError, OSError) as e:
+            status, payload = 1, np.frombuffer(str(e).encode(), np.uint8).astype(np.int32)
+    head = _broadcast(np.array([status, payload.size], np.int32), 2)
+    payload = _broadcast(payload, int(head[1]))
+    if head[0]:
+        raise JobError(bytes(payload.astype(np.uint8).tolist()).decode())
+    return payload.tolist()
+
+
+def run_replicated(run):
+    """Runs a bound call (`Generator.bind`) whose mesh spans several processes; returns
+    its output whole on every process, as NumPy arrays. One program: the generation, the
+    slots' rows put back in the prompts' order and the output replicated (eager ops on
+    arrays that span processes cost a synchronised dispatch each)."""
+    inverse = None if run._inverse is None else np.asarray(run._inverse)
+    out = _whole(run.args, inverse, config=run.config)
+    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), out)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _whole(args, inverse, *, config):
+    out = program.generate(*args, config=config)
+    if inverse is not None:
+        out = take_rows(out, inverse)
+    return jax.lax.with_sharding_constraint(out, NamedSharding(config.mesh, P()))
+
+
+def _on_host(x):
+    """A global array's whole value on every process (a collective); a local one as is."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def _gathered(generate):
+    """`generate` whose output every process holds whole, as NumPy arrays."""
+
+    def call(*args):
+        return jax.tree.map(_on_host, generate(*args))
+
+    return call
+
+
+def _agreed(stop):
+    """`stop` asked of every process between calls: any that says stop stops them all
+    (each must make the same calls)."""
+
+    def ask() -> bool:
+        mine = np.array([stop is not None and bool(stop())], np.int32)
+        return bool(np.asarray(multihost_utils.process_allgather(mine)).any())
+
+    return ask
+
+
+def run_multihost_job(
+    rows: list[JobRow],
+    output,
+    *,
+    generate,
+    job: dict,
+    batch_size: int,
+    slots: int | None = None,
+    rows_per_call: int | None = None,
+    detokenize=None,
+    progress: bool = True,
+    max_len: int | None = None,
+    stop=None,
+) -> dict:
+    """`run_job` on every process of a `jax.distributed` run (see the module's docstring).
+
+    Args:
+      rows, job, batch_size, slots, rows_per_call, detokenize, max_len: as `run_job` takes
+        them, the same on every process.
+      output: the results file: process 0 reads and writes it (the others' is unused).
+      generate: as `run_job` takes it, on a mesh over all processes' devices; its output
+        is gathered to every process.
+      progress: a progress bar (process 0 only).
+      stop: fn() -> bool, asked on every process between calls: one True stops all.
+
+    Returns `run_job`'s summary, on every process.
+    """
+    output = pathlib.Path(output)
+    lead = jax.process_index() == 0
+    pending = [rows[i] for i in _agree_pending(rows, output, job)]
+    limit = _call_limit(batch_size, slots, rows_per_call)
+    plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
+    sampling = SamplingPlan.of([r.sampling for r in rows])  # all rows, as run_job
+    counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
+    totals = dict.fromkeys(counters, 0)
+    start = time.perf_counter()
+    run = functools.partial(
+        _run_batch, generate=_gathered(generate), detokenize=detokenize, plan=sampling
+    )
+    interrupted = _append(
+        output, job, plan, totals, run, progress and lead, _agreed(stop), write=lead
+    )
+    summary = _summary(totals, len(rows) - len(pending), time.perf_counter() - start)
+    return {**summary, "processes": jax.process_count(), "interrupted": interrupted}
+
+
+def flags_digest(settings: dict) -> bytes:
+    """The SHA-256 of a command's settings (JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
