@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import pathlib
 import signal
 import sys
@@ -61,7 +62,8 @@ def add_parser(sub) -> None:
     )
     job.add_argument(
         "--mesh",
-        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices)",
+        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices; with "
+        "--distributed, all processes' devices)",
     )
     job.add_argument(
         "--ray",
@@ -81,7 +83,54 @@ def add_parser(sub) -> None:
         metavar="NAME=N[,NAME=N]",
         help="one Ray worker's resources, e.g. CPU=1 (default), TPU=4 or GPU=1",
     )
+    job.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run as one process of a jax.distributed job: the same command on every "
+        "process (every host of a slice), --mesh over all their devices, process 0 writing "
+        "the output. The coordinator and this process's place come from --coordinator, "
+        "--num-processes and --process-id (any of them implies --distributed), or else "
+        "from what jax.distributed.initialize finds (JAX_COORDINATOR_ADDRESS, a Cloud TPU "
+        "slice, SLURM, Open MPI)",
+    )
+    job.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    job.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    job.add_argument("--process-id", type=int, metavar="I", help="this process's index, in [0, N)")
     job.set_defaults(handler=run, parser=job)
+
+
+def _distributed(args) -> dict | None:
+    """jax.distributed.initialize's arguments from the flags (None: one process), checked
+    before anything starts."""
+    count, index = args.num_processes, args.process_id
+    if not args.distributed and args.coordinator is None and count is None and index is None:
+        return None
+    if args.ray is not None:
+        raise ValueError("--ray and --distributed (or --coordinator) exclude each other")
+    if args.mesh is None:
+        raise ValueError("--distributed needs --mesh DATAxMODEL over all processes' devices")
+    if args.coordinator is not None:
+        host, _, port = args.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--coordinator must be HOST:PORT, got {args.coordinator!r}")
+        if count is None or index is None:
+            raise ValueError("--coordinator needs --num-processes and --process-id")
+    for flag, value in (("--num-processes", count), ("--process-id", index)):
+        if value is not None and args.coordinator is None:
+            if not os.environ.get("JAX_COORDINATOR_ADDRESS"):
+                raise ValueError(
+                    f"{flag} needs --coordinator HOST:PORT (or JAX_COORDINATOR_ADDRESS)"
+                )
+    if (count is None) != (index is None):
+        raise ValueError("--num-processes and --process-id go together")
+    if count is not None:
+        if count < 1:
+            raise ValueError(f"--num-processes must be at least 1, got {count}")
+        if not 0 <= index < count:
+            raise ValueError(
+                f"--process-id must lie in [0, {count}) (--num-processes {count}), got {index}"
+            )
+    return {"coordinator": args.coordinator, "num_processes": count, "process_id": index}
 
 
 def _resources(text: str) -> dict:
@@ -265,12 +314,16 @@ def _run(args, parser, interrupt) -> int:
     from jax_specdec.batch import JobError, run_job
 
     try:
+        distributed = _distributed(args)
+        if distributed is not None:
+            _join(args, distributed)
         target, draft, tokenizer, eos, rows, errors = _load(args)
         mesh = _mesh(args.mesh)
-    except (ValueError, OSError) as e:
+    except (JobError, ValueError, OSError) as e:
         common.fail(parser, e)
     output = pathlib.Path(args.output)
-    if errors:
+    lead = distributed is None or _process_index() == 0  # writes the files and the summary
+    if errors and lead:
         errors_path = pathlib.Path(args.errors or f"{output}.errors.jsonl")
         errors_path.write_text("".join(json.dumps(e) + "\n" for e in errors))
         print(f"skipped {len(errors)} bad line(s), listed in {errors_path}", file=sys.stderr)
@@ -283,7 +336,14 @@ def _run(args, parser, interrupt) -> int:
         stop=lambda: interrupt.requested,
     )
     try:
-        if args.ray is None:
+        if distributed is not None:
+            from jax_specdec.batch_multihost import run_multihost_job
+
+            generate = _generate(args, target, draft, eos, mesh)
+            summary = run_multihost_job(
+                rows, output, generate=generate, detokenize=tokenizer.decode, **shared
+            )
+        elif args.ray is None:
             generate = _generate(args, target, draft, eos, mesh)
             detokenize = tokenizer.decode
             summary = run_job(rows, output, generate=generate, detokenize=detokenize, **shared)
@@ -309,5 +369,33 @@ def _run(args, parser, interrupt) -> int:
         print(INTERRUPTED, file=sys.stderr)
         return 130
     summary["bad_lines"] = len(errors)
-    print(json.dumps(summary, indent=1))
+    if lead:
+        print(json.dumps(summary, indent=1))
     return 0
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _join(args, distributed: dict) -> None:
+    """Joins the jax.distributed job, then checks that every process runs the same
+    command on the same input and model files (before anything is loaded or compiled)."""
+    import hashlib
+
+    from jax_specdec.batch import model_identity
+    from jax_specdec.batch_multihost import check_same, digest, flags_digest, initialize
+
+    initialize(**distributed)
+    place = ("handler", "parser", "coordinator", "num_processes", "process_id")
+    settings = {k: v for k, v in vars(args).items() if k not in place}
+    models = json.dumps([model_identity(args.target), model_identity(args.draft)])
+    check_same(
+        {
+            f"--input {args.input}": digest(args.input),
+            "the model files (--target, --draft)": hashlib.sha256(models.encode()).digest(),
+            "the command's flags": flags_digest(settings),
+        }
+    )
