@@ -4,8 +4,10 @@ model directories. Shared functions live in helpers.py."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import pytest
@@ -17,12 +19,16 @@ from jax_specdec.io.hf import save_model
 from jax_specdec.nn import Transformer, TransformerConfig
 from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 
-# XLA:CPU's legacy fusion emitters compile the suite's programs about a third faster than
-# its default (MLIR) ones, with no slower runs measured: a third of the suite's time is
-# compiling. Set here for the test processes and their subprocesses (before any JAX
-# backend starts), where this jaxlib accepts the flag (a probe, since XLA aborts on an
-# unknown one); JAX_SPECDEC_TEST_XLA_DEFAULTS=1 keeps XLA's defaults.
-FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+# Compiling is most of the suite's time, and two XLA:CPU settings make it cheaper: the
+# legacy fusion emitters compile the suite's programs about a third faster than the
+# default (MLIR) ones, and LLVM's optimisation level 0 roughly halves what is left (user
+# CPU of tests/test_decode.py 205 -> 110 s) while the tests that spend their time running
+# rather than compiling (test_acceptance, test_block, test_cpu_kernel: 25 x 10^6 draws)
+# take as long as before (100 -> 92 s). Neither changes what a program computes (no fast
+# maths). Set here for the test processes and their subprocesses (before any JAX backend
+# starts), where this jaxlib accepts the flags (a probe, since XLA aborts on an unknown
+# one); JAX_SPECDEC_TEST_XLA_DEFAULTS=1 keeps XLA's defaults.
+FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
 
 
 def _compile_faster():
@@ -42,6 +48,40 @@ _compile_faster()
 # cache directory) for the rest of the test process: tests keep it off so that they write
 # nothing there (test_zoo checks the switch itself).
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")
+
+# Instead, the run has a persistent compilation cache of its own: a folder made empty when
+# the run starts (so every run, as CI's on a clean checkout, starts cold) and deleted when
+# it ends. The process that loads this file first (pytest, or xdist's controller) makes
+# it; the workers and every subprocess inherit it through the environment, so a program
+# compiled once is loaded, not compiled again, by a later test file (each starts with no
+# programs in memory), the other worker or a subprocess. Loaded programs count as compiled
+# ones in the compile budgets below (JAX reports both as backend compiles).
+# JAX_SPECDEC_TEST_CACHE=0 runs without it.
+RUN_CACHE = "JAX_SPECDEC_TEST_CACHE_DIR"
+
+
+def _run_cache():
+    if os.environ.get("JAX_SPECDEC_TEST_CACHE") == "0" or RUN_CACHE in os.environ:
+        return
+    os.environ[RUN_CACHE] = tempfile.mkdtemp(prefix="jax_specdec_tests_xla_")
+    os.environ["JAX_SPECDEC_TEST_CACHE_OWNER"] = str(os.getpid())
+
+
+_run_cache()
+if RUN_CACHE in os.environ:
+    for name, value in (
+        ("jax_compilation_cache_dir", os.environ[RUN_CACHE]),
+        ("jax_persistent_cache_min_compile_time_secs", 0.5),
+        # a size limit turns on the cache's file lock, which the two workers need
+        ("jax_compilation_cache_max_size", 16 << 30),
+    ):
+        os.environ[name.upper()] = str(value)  # for subprocesses
+        jax.config.update(name, value)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("JAX_SPECDEC_TEST_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ[RUN_CACHE], ignore_errors=True)
 
 
 # Every program XLA:CPU compiles keeps a few hundred memory maps until it is dropped, and a
@@ -64,11 +104,18 @@ def _drop_compiled_programs():
 BUDGETS = json.loads((pathlib.Path(__file__).with_name("compile_budget.json")).read_text())
 _compiles = [0]
 _counts: dict[str, int] = {}
+# Seconds spent compiling (or loading from the run's cache) and saved by the cache, per
+# file: written beside the counts, to see where compiling goes.
+_seconds = {"compiling": 0.0, "saved_by_cache": 0.0}
+_file_seconds: dict[str, dict] = {}
 
 
 def _count(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":
         _compiles[0] += 1
+        _seconds["compiling"] += duration
+    elif event == "/jax/compilation_cache/compile_time_saved_sec":
+        _seconds["saved_by_cache"] += duration
 
 
 jax.monitoring.register_event_duration_secs_listener(_count)
@@ -77,10 +124,11 @@ jax.monitoring.register_event_duration_secs_listener(_count)
 @pytest.fixture(autouse=True, scope="module")
 def _compile_budget(request):
     jax.clear_caches()
-    before = _compiles[0]
+    before, seconds = _compiles[0], dict(_seconds)
     yield
     name = request.path.name
     _counts[name] = _compiles[0] - before
+    _file_seconds[name] = {k: round(_seconds[k] - seconds[k], 1) for k in seconds}
     budget = BUDGETS.get(name)
     if budget is not None and _counts[name] > budget:
         pytest.fail(
@@ -96,6 +144,8 @@ def pytest_sessionfinish(session):
         path = pathlib.Path(out)
         path.mkdir(parents=True, exist_ok=True)
         (path / f"{os.getpid()}.json").write_text(json.dumps(_counts, indent=1, sort_keys=True))
+        seconds = json.dumps(_file_seconds, indent=1, sort_keys=True)
+        (path / f"{os.getpid()}.seconds.json").write_text(seconds)
 
 
 # The heaviest files first (measured, longest first; xdist keeps this order under
@@ -104,6 +154,7 @@ def pytest_sessionfinish(session):
 HEAVY_FIRST = (
     "test_sharding.py",
     "test_slots.py",
+    "test_batch_multihost.py",
     "test_schedules.py",
     "test_decode.py",
     "test_tree.py",
