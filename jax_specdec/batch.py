@@ -174,7 +174,7 @@ def make_generate(
     axis, a call on slots to at least one row per data shard, with copies of its last
     row whose outputs are dropped; slots are then a multiple of the data axis). On a mesh
     over several processes' devices every process gets the whole output, as NumPy arrays
-    (`batch_multihost.run_replicated`)."""
+    (`Run.replicated`)."""
     import jax
 
     from jax_specdec.decode import Generator
@@ -204,12 +204,7 @@ def make_generate(
         run = generator.bind(
             prompts, key=keys, max_new_tokens=max_new_tokens, sampling=sampling, num_slots=slots
         )
-        if spans:
-            from jax_specdec.batch_multihost import run_replicated
-
-            out = run_replicated(run)
-        else:
-            out = run()
+        out = run.replicated() if spans else run()
         width = len(prompts)
         return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == width else a, out)
 

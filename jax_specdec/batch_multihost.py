@@ -28,8 +28,6 @@ import time
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jax_specdec.batch import (
     _append,
@@ -41,8 +39,6 @@ from jax_specdec.batch import (
     plan_batches,
 )
 from jax_specdec.batch_input import JobError, JobRow
-from jax_specdec.decode import program
-from jax_specdec.decode.stats import take_rows
 from jax_specdec.sampling import SamplingPlan
 
 __all__ = [
@@ -51,7 +47,6 @@ __all__ = [
     "flags_digest",
     "initialize",
     "run_multihost_job",
-    "run_replicated",
 ]
 
 MISSING = bytes(32)  # the digest of a file a process does not have
@@ -123,24 +118,6 @@ def _agree_pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> list[
     if head[0]:
         raise JobError(bytes(payload.astype(np.uint8).tolist()).decode())
     return payload.tolist()
-
-
-def run_replicated(run):
-    """Runs a bound call (`Generator.bind`) whose mesh spans several processes; returns
-    its output whole on every process, as NumPy arrays. One program: the generation, the
-    slots' rows put back in the prompts' order and the output replicated (eager ops on
-    arrays that span processes cost a synchronised dispatch each)."""
-    inverse = None if run._inverse is None else np.asarray(run._inverse)
-    out = _whole(run.args, inverse, config=run.config)
-    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), out)
-
-
-@functools.partial(jax.jit, static_argnames="config")
-def _whole(args, inverse, *, config):
-    out = program.generate(*args, config=config)
-    if inverse is not None:
-        out = take_rows(out, inverse)
-    return jax.lax.with_sharding_constraint(out, NamedSharding(config.mesh, P()))
 
 
 def _on_host(x):

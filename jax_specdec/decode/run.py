@@ -3,12 +3,15 @@ and the array arguments of the compiled program."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_specdec.decode import program
 from jax_specdec.decode.config import LoopConfig
@@ -57,6 +60,23 @@ class Run:
             return out
         return take_rows(out, self._inverse)
 
+    def replicated(self) -> GenerationOutput:
+        """The output whole on every process, as NumPy arrays, for a mesh over several
+        processes' devices. One program: the generation, the slots' rows put back in the
+        prompts' order and the output replicated (eager ops on arrays that span processes
+        cost a synchronised dispatch each)."""
+        inverse = None if self._inverse is None else np.asarray(self._inverse)
+        out = _replicated(self.args, inverse, config=self.config)
+        return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), out)
+
     def lower(self) -> jax.stages.Lowered:
         """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""
         return program.generate.lower(*self.args, config=self.config)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _replicated(args, inverse, *, config):
+    out = program.generate(*args, config=config)
+    if inverse is not None:
+        out = take_rows(out, inverse)
+    return jax.lax.with_sharding_constraint(out, NamedSharding(config.mesh, P()))
