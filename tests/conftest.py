@@ -21,9 +21,12 @@ from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 
 # Compiling is most of the suite's time, and two XLA:CPU settings make it cheaper: the
 # legacy fusion emitters compile the suite's programs about a third faster than the
-# default (MLIR) ones, and LLVM's optimisation level 1 cuts a third of what is left (user
-# CPU of tests/test_decode.py 205 -> 138 s; the files that spend their time running,
-# not compiling, take as long as before). Level 0 halves it, but without fused
+# default (MLIR) ones. LLVM's optimisation level 1 is set too: user CPU of
+# tests/test_decode.py 205 s at level 2 and 138 s at level 1, but measured under unequal
+# load, and a fresh-clone suite at level 1 with the run cache below used 2565 CPU-s
+# against 2400 at level 2 without it (fewer tests): its gain is not shown yet (compare with
+# JAX_SPECDEC_TEST_XLA_DEFAULTS=1 and JAX_SPECDEC_TEST_CACHE=0). Level 0 halves test_decode's
+# CPU (110 s; run-bound files unchanged), but without fused
 # multiply-adds float32 results move by up to 1.3e-5 relative, past test_tree's 1e-5
 # comparison with a float64 reference; level 1 keeps them. Set here for the test
 # processes and their subprocesses (before any JAX backend starts), where this jaxlib
