@@ -24,11 +24,19 @@ from jax_specdec import Generator, NGram, SamplingConfig
 from jax_specdec.bench import measure
 from jax_specdec.io import zoo
 from jax_specdec.training.corpus import stdlib_corpus
+from jax_specdec.training.prompts import code_openings
 
 
-def held_out_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
-    """The first `length` tokens of `count` validation files (held out of training)."""
+def held_out_prompts(tokenizer, count: int, length: int, kind: str = "files") -> list[list[int]]:
+    """`count` prompts from the validation files (held out of training): "files", the
+    first `length` tokens of a file; "functions", a function's opening (its def line and
+    three more, as `--data self` makes its code prompts) of at most `length` tokens,
+    spaced evenly over the openings."""
     corpus = stdlib_corpus()
+    if kind == "functions":
+        encoded = [tokenizer.encode(t).ids for t in code_openings(corpus.read(corpus.validation))]
+        fitting = [ids for ids in encoded if 8 <= len(ids) <= length]
+        return fitting[:: max(len(fitting) // count, 1)][:count]
     prompts = []
     for text in corpus.read(corpus.validation):
         ids = tokenizer.encode(text).ids
@@ -97,10 +105,15 @@ def load_drafter(args):
 
 
 def _attach(directory, target, tokenizer):
-    """The feature head saved in `directory`, attached to the loaded target."""
+    """The head saved in `directory` (a feature head, or an EAGLE-3 head in the
+    `speculators` format or the release layout), attached to the loaded target."""
+    from jax_specdec.decode.eagle3_drafter import attach_eagle3
     from jax_specdec.decode.head_drafter import attach_head
+    from jax_specdec.io import speculators
 
     try:
+        if speculators.is_speculators(directory) or speculators.is_eagle3_release(directory):
+            return attach_eagle3(directory, target)[1]
         return attach_head(directory, target, tokenizer)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"--versus: {e}") from None
@@ -110,18 +123,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m")
     drafter = p.add_mutually_exclusive_group(required=True)
-    drafter.add_argument("--head", help="a feature head's directory")
+    drafter.add_argument("--head", help="a feature head's or an EAGLE-3 head's directory")
     drafter.add_argument("--draft", help="a draft model's directory (same tokenizer)")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompts", type=int, default=4, help="prompts (batches of --batch)")
     p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument(
+        "--prompt-kind",
+        choices=["files", "functions"],
+        default="files",
+        help="files: the first --prompt-len tokens of held-out files; functions: openings "
+        "of the held-out files' functions",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-speed", action="store_true", help="acceptance only")
     p.add_argument("--ngram", action="store_true", help="time the n-gram proposer beside it")
-    p.add_argument("--versus", help="a second feature head's directory, timed in the same runs")
+    p.add_argument("--versus", help="a second head's directory, timed in the same runs")
     p.add_argument(
         "--reference",
         action="store_true",
@@ -136,7 +156,7 @@ def main() -> None:
         )
     zoo.enable_compilation_cache(True)
     target, draft, tokenizer = load_drafter(args)
-    prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len)
+    prompts = held_out_prompts(tokenizer, args.prompts, args.prompt_len, args.prompt_kind)
     sampling = SamplingConfig(args.temperature)
     spec = Generator(target, draft, num_draft_tokens=args.gamma, sampling=sampling)
     plain = Generator(target, sampling=sampling)

@@ -51,6 +51,17 @@ def head(target):
     return make_head(target, kept_ids=[0, 1, 2, 4, 5], scale=0.05)
 
 
+def small_corpus(directory, repeat=8):
+    """60 small .py files in `directory` (some held out by the corpus's hash split), each
+    a one-line function `repeat` times."""
+    directory.mkdir()
+    for i in range(60):
+        (directory / f"m{i}.py").write_text(
+            f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * repeat
+        )
+    return directory
+
+
 def ragged_prompts(num, vocab, seed=0, max_len=9):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, size=rng.integers(1, max_len)).tolist() for _ in range(num)]

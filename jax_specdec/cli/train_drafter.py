@@ -1,5 +1,6 @@
-"""`jax-specdec train-drafter`: a feature head (EAGLE-style drafter with a truncated
-vocabulary) for a frozen target, trained on its features over a corpus."""
+"""`jax-specdec train-drafter`: a drafter head with a truncated vocabulary for a frozen
+target, trained on its features: a feature head (EAGLE-style, our format) or an EAGLE-3
+head (the `speculators` format), over a corpus or over text the target writes itself."""
 
 from __future__ import annotations
 
@@ -16,21 +17,58 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="the head's output directory")
     p.add_argument("--work-dir", help="features and checkpoints (default: <out>.work)")
     p.add_argument("--run-name", default="head", help="checkpoint folder under <work-dir>/runs")
-    p.add_argument("--data", choices=["text", "greedy"], default="text")
+    p.add_argument(
+        "--kind",
+        choices=["feature", "eagle3"],
+        default="feature",
+        help="feature: our feature head; eagle3: an EAGLE-3 head reading three target "
+        "layers, written in the speculators format",
+    )
+    p.add_argument(
+        "--aux-layers",
+        help="--kind eagle3: the target layer ids it reads, e.g. 2,15,27 (default: a low, "
+        "a middle and a high one)",
+    )
+    p.add_argument(
+        "--data",
+        choices=["text", "greedy", "self"],
+        default="text",
+        help="text: corpus windows; greedy: corpus prompts and the target's greedy "
+        "continuations; self: chat requests and code openings and the target's own "
+        "continuations (greedy or sampled)",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="--data self: of the sampled rows"
+    )
+    p.add_argument(
+        "--code-share", type=float, default=0.5, help="--data self: share of code prompts"
+    )
     p.add_argument("--tokens", type=int, default=150_000, help="training tokens to extract")
     p.add_argument(
         "--spread",
         action="store_true",
         help="--data text: windows spaced evenly over the corpus, not its first --tokens",
     )
+    p.add_argument(
+        "--validation-tokens", type=int, default=8192, help="held-out tokens (agreement)"
+    )
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--prompt-len", type=int, default=32, help="--data greedy: corpus prefix")
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        default=32,
+        help="--data greedy: the corpus prefix; --data self: the longest prompt kept",
+    )
     p.add_argument("--kept", type=int, help="tokens the head scores (8192, or --init's)")
     p.add_argument("--layers", type=int, help="decoder layers (1, or --init's)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--feature-weight", type=float, default=0.1, help="feature regression")
+    p.add_argument(
+        "--feature-weight",
+        type=float,
+        help="feature regression (feature heads only; default 0.1)",
+    )
     p.add_argument("--ce-weight", type=float, default=1.0, help="cross-entropy to the target")
     p.add_argument(
         "--unroll",
@@ -67,8 +105,29 @@ def _configs(args):
     from jax_specdec.training.head_recipe import DataConfig
     from jax_specdec.training.head_train import HeadTrainConfig
 
+    if args.kind == "eagle3" and args.feature_weight is not None:
+        raise ValueError(
+            "--feature-weight applies to --kind feature (EAGLE-3 heads learn "
+            "from the cross-entropy alone)"
+        )
+    if args.kind == "eagle3" and args.init is not None:
+        raise ValueError("--init applies to --kind feature")
+    if args.kind == "feature" and args.aux_layers is not None:
+        raise ValueError("--aux-layers applies to --kind eagle3")
+    weight = 0.0 if args.kind == "eagle3" else (args.feature_weight or 0.1)
     data = common.config_from_args(DataConfig, args, kind=args.data)
-    return data, common.config_from_args(HeadTrainConfig, args)
+    return data, common.config_from_args(HeadTrainConfig, args, feature_weight=weight)
+
+
+def _aux_layers(args):
+    if args.aux_layers is None:
+        return None
+    try:
+        return tuple(int(i) for i in args.aux_layers.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--aux-layers must be comma-separated layer ids, got {args.aux_layers!r}"
+        ) from None
 
 
 def run(args, parser) -> int:
@@ -77,6 +136,7 @@ def run(args, parser) -> int:
 
     try:
         data, train = _configs(args)
+        aux_layers = _aux_layers(args)
     except ValueError as e:
         common.fail(parser, e)
     from jax_specdec.io.hf import load_model, load_tokenizer
@@ -101,6 +161,8 @@ def run(args, parser) -> int:
             stop_after=args.stop_after,
             weights_dtype=args.weights_dtype,
             init=args.init,
+            kind=args.kind,
+            aux_layers=aux_layers,
         )
     except (ValueError, OSError) as e:
         common.fail(parser, e)

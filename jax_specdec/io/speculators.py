@@ -418,18 +418,25 @@ def _config_dict(config: Eagle3Config) -> dict[str, Any]:
 
 
 def save_speculators(
-    head: Eagle3Head, path: str | os.PathLike, *, verifier: str | None = None
+    head: Eagle3Head, path: str | os.PathLike, *, verifier: str | None = None, dtype=None
 ) -> None:
     """Writes `config.json` and `model.safetensors` in the `speculators` format into
-    `path` (created), the weights in their own type. `verifier` (a Hugging Face id or
-    directory) replaces the target the head names: `speculators` reads that target's
-    config (and, for weights a head does not store, its weights) when it loads a head.
+    `path` (created), the weights in their own type or in `dtype` ("float16",
+    "bfloat16", "float32"; recorded as the config's `dtype`). `verifier` (a Hugging Face
+    id or directory) replaces the target the head names: `speculators` reads that
+    target's config (and, for weights a head does not store, its weights) when it loads
+    a head.
     """
     if not isinstance(head, Eagle3Head):
         raise TypeError(f"head must be an Eagle3Head, got {type(head).__name__}")
     config = head.config if verifier is None else head.config.replace(verifier=verifier)
     params = {p: np.asarray(leaf.get_value()) for p, leaf in nnx.to_flat_state(nnx.state(head))}
     vocab_map = params.pop(("vocab_map",)).astype(np.int64)
+    if dtype is not None:
+        layer = config.layer.replace(param_dtype=dtype)  # checks the name
+        config = config.replace(layer=layer)
+        params = {p: jnp.asarray(a).astype(layer.jnp_param_dtype) for p, a in params.items()}
+        params = {p: np.asarray(a) for p, a in params.items()}
     tensors = {
         name: _export_tensor(name, shape, convert, params)
         for name, shape, convert in _entries(config)

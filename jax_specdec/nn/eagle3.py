@@ -37,6 +37,7 @@ from jax_specdec.nn.attention import (
 )
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
+from jax_specdec.nn.feature_head import previous_features, unrolled_parts
 from jax_specdec.nn.products import matmul
 from jax_specdec.nn.transformer import Attention, Dense, Mlp, Norm
 
@@ -267,6 +268,39 @@ class Eagle3Head(nnx.Module):
                 f"hidden state [.., {c.d_model}], got last dimension {size}"
             )
         return hidden.astype(c.layer.jnp_dtype)
+
+    def unrolled(self, prev_features, tokens, embed, steps: int):
+        """Teacher-forced passes for draft steps 1 … `steps` (training, no cache), each
+        entry attending to what it attends to in the loop, as `FeatureHead.unrolled`
+        says: pass 1 reads the target's features before each token (`prev_features`
+        [B, T, n·Ht], zeros first), pass s + 1 the hidden states pass s gave the entry
+        before (EAGLE-3's "training-time test").
+
+        Returns:
+          per step, (logits [B, T, K] float32, hidden states [B, T, H]); step s + 1 at
+          entry i < s has no round behind it.
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        embeds = self._embedding(embed)[tokens]
+        earlier, out, prev = [], [], prev_features  # earlier[m][layer] = (k, v)
+        for _ in range(steps):
+            x = self._hidden(prev)
+            this = []
+            for i, layer in enumerate(self.layers):
+                residual, inputs = layer.attention_input(x, embeds.astype(x.dtype))
+                q, k, v = layer.attn.project(inputs, positions)
+                k, v = heads_first(k), heads_first(v)
+                this.append((k, v))
+                x = residual + layer.attn.attend(q, unrolled_parts(earlier, i, k, v))
+                x = x + layer.mlp(layer.mlp_norm(x))
+            earlier.append(this)
+            hidden = self.norm(x) if self.config.norm_output else x
+            out.append((self.logits(hidden), hidden))
+            prev = previous_features(hidden)
+        return out
 
     def decode_entries(self, hidden, tokens, embed, cache: KVCache, start, recent=(), own=None):
         """Entries at positions start[b] + t on a read-only cache; their keys and values

@@ -110,6 +110,18 @@ def previous_features(features: jax.Array) -> jax.Array:
     return jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
 
 
+def unrolled_parts(earlier, layer: int, k: jax.Array, v: jax.Array):
+    """The key/value parts (k, v, mask) that pass s + 1 = len(earlier) + 1 of a head's
+    `unrolled` attends to in `layer`, its own keys k, v [B, K, T, hd]: pass 1's keys
+    below a causal mask lagging by s, each earlier pass m + 1's on one diagonal, and its
+    own entry's."""
+    s, T = len(earlier), k.shape[2]
+    rows, cols = jnp.arange(T)[:, None], jnp.arange(T)[None]
+    parts = [(*(earlier[0][layer] if s else (k, v)), (cols <= rows - s)[None])]
+    parts += [(*earlier[m][layer], (cols == rows - s + m)[None]) for m in range(1, s)]
+    return parts + ([(k, v, (cols == rows)[None])] if s else [])
+
+
 class FeatureHead(nnx.Module):
     """FC (2D -> D), decoder layers, norm; logits over the K kept tokens."""
 
@@ -175,19 +187,15 @@ class FeatureHead(nnx.Module):
             raise ValueError(f"steps must be >= 1, got {steps}")
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        rows, cols = jnp.arange(T)[:, None], jnp.arange(T)[None]
         earlier, out, prev = [], [], prev_features  # earlier[m][layer] = (k, v)
-        for s in range(steps):
+        for _ in range(steps):
             x = self._inputs(prev, tokens, embed)
             this = []
             for i, block in enumerate(self.blocks):
                 q, k, v = block.attn.project(block.attn_norm(x), positions)
                 k, v = heads_first(k), heads_first(v)
                 this.append((k, v))
-                parts = [(*(earlier[0][i] if s else (k, v)), (cols <= rows - s)[None])]
-                parts += [(*earlier[m][i], (cols == rows - s + m)[None]) for m in range(1, s)]
-                parts += [(k, v, (cols == rows)[None])] if s else []
-                x = x + block.attn.attend(q, parts)
+                x = x + block.attn.attend(q, unrolled_parts(earlier, i, k, v))
                 x = x + block.mlp(block.mlp_norm(x))
             earlier.append(this)
             predicted = self.norm(x)

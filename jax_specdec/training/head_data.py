@@ -34,11 +34,16 @@ __all__ = [
 
 class FeatureSet(NamedTuple):
     """Windows [N, T] of tokens, the target's features [N, T, D] (float16) and its
-    greedy next tokens [N, T]."""
+    greedy next tokens [N, T]; for an EAGLE-3 head also the hidden states of the layers
+    it reads, concatenated [N, T, n·D] (float16); for prompted data the position of each
+    window's first generated token [N] (entries before it are the prompt's).
+    """
 
     tokens: np.ndarray
     features: np.ndarray
     greedy: np.ndarray
+    aux: np.ndarray | None = None
+    start: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -63,17 +68,33 @@ def spread_windows(stream: np.ndarray, length: int, limit: int) -> np.ndarray:
     return windows[np.linspace(0, len(windows) - 1, count).round().astype(int)]
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, tokens):
-    logits, features = nnx.merge(graphdef, state)(tokens, features=True)
-    return features.astype(jnp.float16), jnp.argmax(logits, axis=-1).astype(jnp.int32)
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _forward(graphdef, state, tokens, aux_layers):
+    """(top-layer features after the final norm, greedy tokens, the `aux_layers`' hidden
+    states concatenated or an empty array)."""
+    model = nnx.merge(graphdef, state)
+    top = model.config.num_layers
+    logits, taken = model(tokens, features=(*aux_layers, top))
+    width = model.config.d_model
+    features = model.final_norm(taken[..., -width:])
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return features.astype(jnp.float16), greedy, taken[..., :-width].astype(jnp.float16)
 
 
 def extract_features(
-    target, windows: np.ndarray, directory, *, batch: int = 8, progress: bool = True
+    target,
+    windows: np.ndarray,
+    directory,
+    *,
+    batch: int = 8,
+    progress: bool = True,
+    aux_layers: tuple[int, ...] = (),
+    start: np.ndarray | None = None,
 ) -> FeatureSet:
     """Runs the frozen target over `windows` [N, T], `batch` at a time, saving each
-    batch to `directory/parts/` (a part already there is not computed again)."""
+    batch to `directory/parts/` (a part already there is not computed again); with
+    `aux_layers` (layer ids, as `Transformer` takes them) their hidden states too, and
+    with `start` [N] each window's first generated position."""
     if len(windows) < 1:
         raise ValueError("no windows to extract features from")
     from tqdm.auto import tqdm
@@ -83,17 +104,22 @@ def extract_features(
     graphdef, state = nnx.split(target)
     starts = range(0, len(windows), batch)  # the last batch may be smaller
     bar = tqdm(starts, desc="features", unit="batch", disable=not progress)
-    for start in bar:
-        file = parts / f"{start:08d}.npz"
+    for begin in bar:
+        file = parts / f"{begin:08d}.npz"
         if file.exists():
-            _check_part(file, windows[start : start + batch])
+            _check_part(file, windows[begin : begin + batch], bool(aux_layers))
             continue
-        tokens = windows[start : start + batch]
-        features, greedy = _forward(graphdef, state, jnp.asarray(tokens))
+        tokens = windows[begin : begin + batch]
+        features, greedy, aux = _forward(graphdef, state, jnp.asarray(tokens), aux_layers)
+        arrays = dict(tokens=tokens, features=np.asarray(features), greedy=np.asarray(greedy))
+        if aux_layers:
+            arrays["aux"] = np.asarray(aux)
+        if start is not None:
+            arrays["start"] = np.asarray(start[begin : begin + batch], np.int32)
         tmp = file.with_suffix(".tmp.npz")
-        np.savez(tmp, tokens=tokens, features=np.asarray(features), greedy=np.asarray(greedy))
+        np.savez(tmp, **arrays)
         tmp.rename(file)  # a killed run leaves no half-written part
-        bar.set_postfix(tokens=(start + len(tokens)) * windows.shape[1])
+        bar.set_postfix(tokens=(begin + len(tokens)) * windows.shape[1])
     extra = {f.name for f in parts.glob("*[0-9].npz")} - {f"{s:08d}.npz" for s in starts}
     if extra:
         raise ValueError(
@@ -106,10 +132,15 @@ def extract_features(
 _OTHER_SETTING = ": the directory belongs to another data setting; use a new directory"
 
 
-def _check_part(file: pathlib.Path, tokens: np.ndarray) -> None:
+def _check_part(file: pathlib.Path, tokens: np.ndarray, aux: bool) -> None:
     with np.load(file) as part:
         if not np.array_equal(part["tokens"], tokens):
             raise ValueError(f"{file} holds other windows than the ones asked for" + _OTHER_SETTING)
+        if aux != ("aux" in part.files):
+            raise ValueError(
+                f"{file} was extracted {'without' if aux else 'with'} the hidden states of an "
+                f"EAGLE-3 head's layers" + _OTHER_SETTING
+            )
 
 
 def load_features(directory) -> FeatureSet:
@@ -118,7 +149,8 @@ def load_features(directory) -> FeatureSet:
     if not files:
         raise FileNotFoundError(f"no feature parts under {directory}/parts")
     loaded = [np.load(f) for f in files]
-    return FeatureSet(*(np.concatenate([p[k] for p in loaded]) for k in FeatureSet._fields))
+    fields = [k for k in FeatureSet._fields if k in loaded[0].files]
+    return FeatureSet(**{k: np.concatenate([p[k] for p in loaded]) for k in fields})
 
 
 def greedy_continuations(

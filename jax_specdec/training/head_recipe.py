@@ -8,6 +8,7 @@ training continues from its last orbax checkpoint (the same command, run again).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import pathlib
@@ -17,6 +18,8 @@ import numpy as np
 from flax import nnx
 
 from jax_specdec.io.heads import load_head, load_head_config, save_head
+from jax_specdec.io.speculators import save_speculators
+from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.training.corpus import encode_files, stdlib_corpus
 from jax_specdec.training.head_data import (
@@ -29,10 +32,13 @@ from jax_specdec.training.head_data import (
     windows_of,
 )
 from jax_specdec.training.head_train import HeadTrainConfig, agreement, init_from_target, train_head
+from jax_specdec.training.prompts import SPLITS, prompts
+from jax_specdec.training.self_data import Windows, generate_windows, tokenize_prompts
 
 __all__ = ["DataConfig", "build_head", "prepare_data"]
 
-DATA_KINDS = ("text", "greedy")
+DATA_KINDS = ("text", "greedy", "self")
+HEAD_KINDS = ("feature", "eagle3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +46,21 @@ class DataConfig:
     """What the head is trained on.
 
     Attributes:
-      kind: "text" (corpus windows as they are) or "greedy" (corpus prompts of
-        `prompt_len` tokens, then the target's greedy continuation).
+      kind: "text" (corpus windows as they are), "greedy" (corpus prompts of
+        `prompt_len` tokens, then the target's greedy continuation) or "self" (chat
+        requests and code openings, `training.prompts`, then the target's continuation:
+        greedy or sampled at `temperature`, `training.self_data`).
       tokens: training tokens (windows x seq_len) at most.
       seq_len: window length.
-      prompt_len: for "greedy", the corpus part of each window.
-      validation_tokens: held-out tokens (text of the validation files) for agreement.
+      prompt_len: for "greedy", the corpus part of each window; for "self", the
+        longest prompt kept.
+      validation_tokens: held-out tokens (text of the validation files, or for "self"
+        continuations of the held-out prompts) for agreement.
       corpus: "stdlib", or a directory whose .py files make the corpus.
       spread: for "text", windows spaced evenly over the whole corpus rather than
         its first `tokens` tokens.
+      temperature: for "self", the temperature of the sampled continuations.
+      code_share: for "self", the share of code openings among the prompts.
     """
 
     kind: str = "text"
@@ -58,6 +70,8 @@ class DataConfig:
     validation_tokens: int = 8192
     corpus: str = "stdlib"
     spread: bool = False
+    temperature: float = 0.8
+    code_share: float = 0.5
 
     def __post_init__(self):
         if self.kind not in DATA_KINDS:
@@ -66,10 +80,15 @@ class DataConfig:
             raise ValueError(f"prompt_len must lie in (0, seq_len), got {self.prompt_len}")
         if self.spread and self.kind != "text":
             raise ValueError(f"spread applies to data kind 'text' only, not {self.kind!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.code_share <= 1:
+            raise ValueError(f"code_share must lie in [0, 1], got {self.code_share}")
 
     @property
     def name(self) -> str:
-        extra = f"-p{self.prompt_len}" if self.kind == "greedy" else ""
+        extra = f"-p{self.prompt_len}" if self.kind != "text" else ""
+        extra += f"-T{self.temperature}-c{self.code_share}" if self.kind == "self" else ""
         extra += "-spread" if self.spread else ""
         if self.corpus != "stdlib":  # another corpus, other windows: another directory
             extra += "-" + hashlib.sha256(str(self.corpus).encode()).hexdigest()[:8]
@@ -86,12 +105,22 @@ def _streams(tokenizer, corpus: str):
     )
 
 
-def prepare_data(target, tokenizer, data: DataConfig, work_dir, *, batch: int = 8):
-    """(train, validation) `FeatureSet`s, extracted into `work_dir` (or loaded)."""
+def prepare_data(
+    target, tokenizer, data: DataConfig, work_dir, *, batch: int = 8, aux_layers=()
+) -> tuple[FeatureSet, FeatureSet]:
+    """(train, validation) `FeatureSet`s, extracted into `work_dir` (or loaded); with
+    `aux_layers` (an EAGLE-3 head's layer ids) their hidden states too."""
     work_dir = pathlib.Path(work_dir)
+    suffix = "-aux" + ".".join(map(str, aux_layers)) if aux_layers else ""
+    extract = functools.partial(extract_features, target, batch=batch, aux_layers=aux_layers)
+    if data.kind == "self":
+        train, valid = (_self_windows(target, tokenizer, data, work_dir, split) for split in SPLITS)
+        name = f"valid-{data.name}"
+        validation = extract(valid.tokens, work_dir / (name + suffix), start=valid.start)
+        return extract(train.tokens, work_dir / (data.name + suffix), start=train.start), validation
     train_stream, valid_stream = _streams(tokenizer, data.corpus)
     valid = windows_of(valid_stream, data.seq_len, data.validation_tokens)
-    validation = extract_features(target, valid, work_dir / f"valid-t{data.seq_len}", batch=batch)
+    validation = extract(valid, work_dir / f"valid-t{data.seq_len}{suffix}")
     if data.kind == "text" and data.spread:
         windows = spread_windows(train_stream, data.seq_len, data.tokens)
     elif data.kind == "text":
@@ -105,8 +134,26 @@ def prepare_data(target, tokenizer, data: DataConfig, work_dir, *, batch: int = 
             new = data.seq_len - data.prompt_len
             np.save(cached, greedy_continuations(target, prompts, new, batch=2 * batch))
         windows = np.load(cached)
-    train = extract_features(target, windows, work_dir / data.name, batch=batch)
-    return train, validation
+    return extract(windows, work_dir / (data.name + suffix)), validation
+
+
+def _self_windows(target, tokenizer, data: DataConfig, work_dir, split: str) -> Windows:
+    """The target's continuations of `split`'s prompts (`training.self_data`)."""
+    files = stdlib_corpus() if data.corpus == "stdlib" else stdlib_corpus(root=data.corpus)
+    names = files.train if split == "train" else files.validation
+    tokens = data.tokens if split == "train" else data.validation_tokens
+    count = max(tokens // data.seq_len, 1)
+    chosen = prompts(split, files.read(names), count=count, code_share=data.code_share)
+    fitting = tokenize_prompts(tokenizer, chosen, data.prompt_len)  # longer ones left out
+    if not fitting:
+        raise ValueError(
+            f"none of the {len(chosen)} {split} prompts is at most prompt_len "
+            f"({data.prompt_len}) tokens long"
+        )
+    directory = work_dir / (data.name if split == "train" else f"valid-{data.name}")
+    return generate_windows(
+        target, fitting, data.seq_len, directory / "windows", temperature=data.temperature
+    )
 
 
 def build_head(
@@ -124,6 +171,8 @@ def build_head(
     stop_after: int | None = None,
     weights_dtype: str | None = None,
     init: str | None = None,
+    kind: str = "feature",
+    aux_layers: tuple[int, ...] | None = None,
 ) -> dict:
     """Builds (or resumes building) a head for `target` and saves it to `out`.
 
@@ -131,21 +180,35 @@ def build_head(
     held-out agreement with the target's greedy token per draft step. `stop_after`
     stops the run at that step (the head saved as it is); calling again continues it.
     `weights_dtype` ("float16") stores the saved head's weights in that type. `init` (a
-    head directory of the same shape, for the same target) starts the training from that
-    head's weights and kept tokens instead of from the target's output rows. `kept`
-    (default 8192) and `layers` (default 1) default to `init`'s where it is given.
+    feature head directory of the same shape, for the same target) starts the training
+    from that head's weights and kept tokens instead of from the target's output rows.
+    `kept` (default 8192) and `layers` (default 1) default to `init`'s where it is given.
+    `kind` "eagle3" builds an EAGLE-3 head reading the target's `aux_layers` (default:
+    a low, a middle and a high one), saved in the `speculators` format.
     """
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}")
     if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
         raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")
-    config = _head_config(target, tokenizer, init, kept, layers, target_name)
-    kept, layers = config.kept, config.layer.num_layers
+    if kind == "eagle3":
+        if init is not None:
+            raise ValueError(
+                "init applies to feature heads; an EAGLE-3 head starts from the target"
+            )
+        config = _eagle3_config(target, kept, layers, aux_layers, target_name)
+    elif aux_layers is not None:
+        raise ValueError("aux_layers applies to EAGLE-3 heads (kind 'eagle3') only")
+    else:
+        config = _head_config(target, tokenizer, init, kept, layers, target_name)
     init_training = None if init is None else _training_record(init)
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
     _record_start(run_dir, init)
     t0 = time.perf_counter()
-    train_set, valid_set = prepare_data(target, tokenizer, data, work_dir)
+    aux = config.aux_layer_ids if kind == "eagle3" else ()
+    train_set, valid_set = prepare_data(target, tokenizer, data, work_dir, aux_layers=aux)
     extract_seconds = time.perf_counter() - t0
-    head = FeatureHead(config, rngs=nnx.Rngs(train.seed))
+    head = (FeatureHead if kind == "feature" else Eagle3Head)(config, rngs=nnx.Rngs(train.seed))
+    kept = config.kept if kind == "feature" else config.draft_vocab_size
     if init is None:
         init_from_target(head, target, kept_vocabulary(train_set, kept, config.vocab_size))
     else:
@@ -154,12 +217,17 @@ def build_head(
         head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
     )
     vocab_map = np.asarray(head.vocab_map[...])  # the run's (a resumed one's, too)
-    save_head(head, out, dtype=weights_dtype)
+    if kind == "feature":
+        save_head(head, out, dtype=weights_dtype)
+    else:
+        save_speculators(head, out, dtype=weights_dtype)
     summary = {
+        "kind": kind,
         "data": dataclasses.asdict(data),
         "train": dataclasses.asdict(train),
         "kept": kept,
-        "layers": layers,
+        "layers": config.layer.num_layers,
+        "aux_layers": list(aux),
         "init": None if init is None else str(init),
         "init_training": init_training,
         "train_tokens": int(train_set.tokens.size),
@@ -172,6 +240,24 @@ def build_head(
     }
     pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Config:
+    """An EAGLE-3 head shaped like the target's layers, reading `aux_layers` (default
+    `default_aux_layer_ids`), `layers` decoder layers (1) and `kept` draft tokens (8192),
+    the target's embedding (not stored), Llama-style."""
+    tc = target.config
+    ids = default_aux_layer_ids(tc.num_layers) if aux_layers is None else tuple(aux_layers)
+    for i in ids:
+        if not 0 <= i <= tc.num_layers:
+            raise ValueError(f"aux layer {i} is not a layer id of the target (0 … {tc.num_layers})")
+    return Eagle3Config(
+        layer=tc.replace(num_layers=1 if layers is None else layers, tie_embeddings=False),
+        draft_vocab_size=8192 if kept is None else kept,
+        aux_layer_ids=ids,
+        has_embed=False,
+        verifier=target_name,
+    )
 
 
 def _head_config(target, tokenizer, init, kept, layers, target_name) -> FeatureHeadConfig:

@@ -1,11 +1,17 @@
-"""Training a feature head on a frozen target's features (`training.head_data`).
+"""Training a drafter head on a frozen target's features (`training.head_data`): a
+feature head (`FeatureHead`) or an EAGLE-3 head (`Eagle3Head`).
 
-Entry i of a window feeds (f_{i-1}, x_i) and is trained to give the target's next-token
-distribution at i, restricted to the kept tokens (cross-entropy against the softmax of
-the target's own output rows at f_i), plus, weighted, a smooth-L1 regression of f_i
-scaled by the features' RMS. With `unroll` n, passes 2 … n train draft steps 2 … n as
-the loop runs them (`FeatureHead.unrolled`): the head's own predicted feature in, the
-target's features behind it, EAGLE-3's "training-time test".
+Entry i of a window feeds (the target's feature before token i, x_i) and is trained to
+give the target's next-token distribution at i, restricted to the kept tokens
+(cross-entropy against the softmax of the target's own output rows at f_i, the top
+layer's feature after the final norm). A feature head reads f_{i-1} and is also
+trained, weighted, on a smooth-L1 regression of f_i scaled by the features' RMS; an
+EAGLE-3 head reads its layers' hidden states at i - 1 and learns from the
+cross-entropy alone, as EAGLE-3 does. With `unroll` n, passes 2 … n train draft steps
+2 … n as the loop runs them (the heads' `unrolled`): the head's own output in, the
+target's features behind it, EAGLE-3's "training-time test". Where the data marks the
+prompt (`FeatureSet.start`), only the positions from the last prompt token on (the
+predictions of generated tokens) count, in the loss and in the agreement.
 
 Batches depend only on (seed, step), and checkpoints (model and optimizer, orbax)
 carry the step, so a run killed and restarted ends with the same weights.
@@ -82,22 +88,40 @@ def init_from_target(head: FeatureHead, target, vocab_map: np.ndarray) -> None:
     head.norm.scale.set_value(target.final_norm.scale[...])
 
 
-def _batch(data: FeatureSet, size: int, seed: int, step: int):
-    rows = np.random.default_rng([seed, step]).integers(0, len(data), size=size)
-    return tuple(jnp.asarray(a[rows]) for a in data)
+def _batch(data: FeatureSet, rows: np.ndarray):
+    """(tokens, features, greedy, head input [B, T, ·], counted [B, T] bool) of `rows`."""
+    tokens, features, greedy = (jnp.asarray(a[rows]) for a in data[:3])
+    inputs = features if data.aux is None else jnp.asarray(data.aux[rows])
+    T = tokens.shape[1]
+    start = np.zeros(len(rows), np.int32) if data.start is None else data.start[rows]
+    counted = np.arange(T)[None] >= np.maximum(start - 1, 0)[:, None]
+    return tokens, features, greedy, inputs, jnp.asarray(counted)
+
+
+def _random_batch(data: FeatureSet, size: int, seed: int, step: int):
+    return _batch(data, np.random.default_rng([seed, step]).integers(0, len(data), size=size))
+
+
+def _masked_mean(values: jax.Array, counted: jax.Array) -> jax.Array:
+    return jnp.sum(values * counted) / jnp.maximum(jnp.sum(counted), 1)
 
 
 def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
-    tokens, features, _ = batch
+    tokens, features, _, inputs, counted = batch
     features = features.astype(jnp.float32)
     kept_rows = jax.lax.stop_gradient(out_rows[head.vocab_map[...]])  # [K, D]
     soft = jax.nn.softmax(jnp.einsum("btd,kd->btk", features, kept_rows), axis=-1)
-    prev = previous_features(features)
+    prev = previous_features(inputs.astype(jnp.float32))
+    regress = isinstance(head, FeatureHead)
     loss = 0.0
     for s, (logits, predicted) in enumerate(head.unrolled(prev, tokens, embed, config.unroll)):
-        ce = optax.softmax_cross_entropy(logits[:, s:], soft[:, s:]).mean()
-        reg = optax.huber_loss(predicted[:, s:] / scale, features[:, s:] / scale).mean()
-        loss = loss + config.ce_weight * ce + config.feature_weight * reg
+        mask = counted.at[:, :s].set(False)
+        loss = loss + config.ce_weight * _masked_mean(
+            optax.softmax_cross_entropy(logits, soft), mask
+        )
+        if regress:
+            reg = optax.huber_loss(predicted / scale, features / scale).mean(-1)
+            loss = loss + config.feature_weight * _masked_mean(reg, mask)
     return loss
 
 
@@ -111,29 +135,31 @@ def _train_step(head, optimizer, batch, embed, out_rows, scale, config):
 
 @nnx.jit(static_argnames="steps")
 def _agree(head, batch, embed, steps: int):
-    """Per draft step: how often the head's argmax is the target's greedy token (entries
-    whose round has a pending position ≥ 1)."""
-    tokens, features, greedy = batch
-    prev = previous_features(features.astype(jnp.float32))
-    hits = []
+    """Per draft step: (entries where the head's argmax is the target's greedy token,
+    entries counted), over entries whose round has a pending position ≥ 1."""
+    tokens, _, greedy, inputs, counted = batch
+    prev = previous_features(inputs.astype(jnp.float32))
+    hits, counts = [], []
     for s, (logits, _) in enumerate(head.unrolled(prev, tokens, embed, steps)):
         guess = head.vocab_map[...][jnp.argmax(logits, axis=-1)]
-        hits.append(jnp.mean((guess == greedy)[:, s + 1 :]))
-    return jnp.stack(hits)
+        mask = counted.at[:, : s + 1].set(False)
+        hits.append(jnp.sum((guess == greedy) & mask))
+        counts.append(jnp.sum(mask))
+    return jnp.stack(hits), jnp.stack(counts)
 
 
 def agreement(head, data: FeatureSet, embed, *, steps: int = 2, batch: int = 8) -> list[float]:
-    """Teacher-forced agreement with the target's greedy token on every window of `data`:
-    [first draft (true features in), second (the head's own prediction in), …], each
-    as the loop runs it (`FeatureHead.unrolled`)."""
+    """Teacher-forced agreement with the target's greedy token on every window of `data`
+    (its generated part, where it marks one): [first draft (true features in), second
+    (the head's own output in), …], each as the loop runs it (the head's `unrolled`)."""
     if not 1 <= steps < data.tokens.shape[1]:
         raise ValueError(f"steps must lie in [1, window length), got {steps}")
-    totals = np.zeros(steps)
-    count = len(data) // batch
-    for i in range(count):
-        part = tuple(jnp.asarray(a[i * batch : (i + 1) * batch]) for a in data)
-        totals += np.asarray(_agree(head, part, embed, steps))
-    return (totals / max(count, 1)).round(4).tolist()
+    hits, counts = np.zeros(steps), np.zeros(steps)
+    for i in range(len(data) // batch):
+        part = _batch(data, np.arange(i * batch, (i + 1) * batch))
+        h, c = _agree(head, part, embed, steps)
+        hits, counts = hits + np.asarray(h), counts + np.asarray(c)
+    return (hits / np.maximum(counts, 1)).round(4).tolist()
 
 
 def feature_scale(data: FeatureSet) -> float:
@@ -182,7 +208,7 @@ def train_head(
     scale, embed, out_rows = feature_scale(train), target.embed[...], output_rows(target)
 
     def step(i):
-        batch = _batch(train, config.batch_size, config.seed, i)
+        batch = _random_batch(train, config.batch_size, config.seed, i)
         return _train_step(head, optimizer, batch, embed, out_rows, scale, config)
 
     def evaluate():
