@@ -34,9 +34,21 @@ torch = importlib.import_module("torch")
 
 V, H, T, STEPS = 200, 64, 10, 3
 AUX = [1, 3, 5]
-# (style, draft vocabulary, variant flags): every norm variant appears once.
+# Llama 3.1's rotary scaling: of head_dim 16's eight wavelengths (6.3 … 19,000 positions)
+# two are kept, one smoothed and five divided by the factor.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+# (style, draft vocabulary, variant flags): every norm variant appears once; "rope" in
+# the flags is the layer's rope_parameters.
 CASES = {
     "llama-64": ("llama", 64, {"norm_before_residual": True, "fc_norm": True}),
+    "llama-64-llama3rope": ("llama", 64, {"norm_before_residual": True, "rope": LLAMA3_ROPE}),
     "llama-200": ("llama", V, {"norm_before_fc": True}),
     "qwen3-64": ("qwen3", 64, {"norm_output": True}),
     "qwen3-200": ("qwen3", V, {"norm_before_residual": True}),
@@ -49,7 +61,10 @@ def reference_model(style: str, draft_vocab: int, flags: dict, seed: int = 0):
     from transformers import LlamaConfig, Qwen3Config
 
     layer_class = LlamaConfig if style == "llama" else Qwen3Config
+    flags = dict(flags)
+    rope = {"rope_parameters": flags.pop("rope")} if "rope" in flags else {}
     layer = layer_class(
+        **rope,
         vocab_size=V,
         hidden_size=H,
         intermediate_size=128,

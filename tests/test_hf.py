@@ -9,6 +9,7 @@ from safetensors.numpy import load_file, save_file
 
 from jax_specdec.io.hf import load_model, load_tokenizer, save_model
 from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.nn.config import RopeScaling
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -28,6 +29,26 @@ HF_CONFIGS = {
         max_position_embeddings=64,
         rope_theta=500.0,
         rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    # Llama 3.1's rotary scaling: of head_dim 8's four wavelengths (6.3, 30, 140, 665
+    # positions at theta 500) one is kept, one smoothed and two divided by the factor.
+    "llama3": lambda: transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
         tie_word_embeddings=False,
     ),
     # q/k/v biases, tied embeddings.
@@ -265,6 +286,30 @@ def test_unsupported_rope_scaling(llama_dir):
     (llama_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="yarn"):
         load_model(llama_dir)
+
+
+def test_llama3_rope_scaling_round_trips_and_bad_ones_are_refused(tmp_path):
+    hf_model("llama3").save_pretrained(tmp_path, safe_serialization=True)
+    config = load_model(tmp_path).config
+    assert config.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
+    assert TransformerConfig.from_dict(json.loads(config.to_json())) == config
+    hf = json.loads((tmp_path / "config.json").read_text())
+    legacy = {k: v for k, v in hf.items() if k != "rope_parameters"}
+    legacy["rope_scaling"] = {k: v for k, v in hf["rope_parameters"].items() if k != "rope_theta"}
+    legacy["rope_theta"] = hf["rope_parameters"]["rope_theta"]
+    (tmp_path / "config.json").write_text(json.dumps(legacy))  # transformers 4's keys
+    assert load_model(tmp_path).config == config
+    for key, value, message in [
+        ("factor", None, "lacks factor"),
+        ("high_freq_factor", 0.5, "must exceed low_freq_factor"),
+        ("original_max_position_embeddings", 0, "original_max_position must be"),
+    ]:
+        spec = {**hf["rope_parameters"], key: value}
+        if value is None:
+            del spec[key]
+        (tmp_path / "config.json").write_text(json.dumps({**hf, "rope_parameters": spec}))
+        with pytest.raises(ValueError, match=message):
+            load_model(tmp_path)
 
 
 def test_export_refuses_hybrid_configs(tmp_path):

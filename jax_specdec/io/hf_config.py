@@ -12,6 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from jax_specdec.nn import TransformerConfig
+from jax_specdec.nn.config import RopeScaling
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -97,6 +98,7 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
         raise ValueError(f"{arch} hidden_act {act!r} is not supported (only silu)")
     need = lambda key: _need(hf, key, arch)  # noqa: E731
     d, heads = need("hidden_size"), need("num_attention_heads")
+    theta, scaling = _rope(hf, arch)
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
     else:
@@ -112,7 +114,8 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
         mlp_dim=need("intermediate_size"),
         max_len=_max_len(hf, arch, need("max_position_embeddings")),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(hf, arch),
+        rope_theta=theta,
+        rope_scaling=scaling,
         qkv_bias=qkv_bias,
         out_bias=out_bias,
         mlp_bias=mlp_bias,
@@ -192,8 +195,7 @@ def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
         "head_dim": c.head_dim,
         "max_position_embeddings": c.max_len,
         "rms_norm_eps": c.norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        **_rope_to_hf(c),
         "hidden_act": "silu",
         "tie_word_embeddings": c.tie_embeddings,
         "attention_dropout": 0.0,
@@ -244,17 +246,59 @@ def _architecture(hf: dict[str, Any]) -> str:
     )
 
 
-def _rope_theta(hf: dict[str, Any], arch: str) -> float:
-    # transformers >= 5 writes rope_parameters; older versions rope_theta + rope_scaling.
+def _rope(hf: dict[str, Any], arch: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling): transformers >= 5 writes rope_parameters, older versions
+    rope_theta and rope_scaling. The default rotary embedding and Llama 3.1's "llama3"
+    scaling are read; any other type is refused."""
     params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    for spec in (params, scaling):
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise ValueError(
-                f"{arch} rope type {kind!r} is not supported (only the default rotary embedding)"
-            )
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    legacy = hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    spec = params if _rope_type(params) != "default" else legacy
+    kind = _rope_type(spec)
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ValueError(
+            f"{arch} rope type {kind!r} is not supported (the default rotary embedding "
+            "and 'llama3' are)"
+        )
+    missing = [k for k in _LLAMA3_KEYS if k not in spec]
+    if missing:
+        raise ValueError(f"{arch} rope type 'llama3' lacks {', '.join(missing)}")
+    try:
+        scaling = RopeScaling(
+            factor=float(spec["factor"]),
+            low_freq_factor=float(spec["low_freq_factor"]),
+            high_freq_factor=float(spec["high_freq_factor"]),
+            original_max_position=int(spec["original_max_position_embeddings"]),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{arch} rope type 'llama3': {e}") from None
+    return theta, scaling
+
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope_type(spec: dict[str, Any]) -> str:
+    return spec.get("rope_type", spec.get("type", "default"))
+
+
+def _rope_to_hf(c: TransformerConfig) -> dict[str, Any]:
+    """rope_theta, rope_parameters (transformers >= 5) and, when scaled, rope_scaling."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling is None:
+        return {"rope_theta": c.rope_theta, "rope_parameters": params}
+    s = c.rope_scaling
+    scaling = {
+        "rope_type": "llama3",
+        "factor": s.factor,
+        "low_freq_factor": s.low_freq_factor,
+        "high_freq_factor": s.high_freq_factor,
+        "original_max_position_embeddings": s.original_max_position,
+    }
+    params = {**scaling, "rope_theta": c.rope_theta}
+    return {"rope_theta": c.rope_theta, "rope_parameters": params, "rope_scaling": scaling}
 
 
 def _dtype_name(dtype) -> str:

@@ -40,16 +40,35 @@ MAX_LIVE_SIZES = 5
 MIN_LIVE_BYTES = 1 << 19
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """The rotary inverse frequencies [head_dim / 2] (float64), scaled as Llama 3.1 does
+    when `scaling` (a `RopeScaling`) is given (Hugging Face's "llama3" rope type)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if scaling is None:
+        return inv_freq
+    s = scaling
+    wavelen = 2 * np.pi / inv_freq
+    low_wavelen = s.original_max_position / s.low_freq_factor  # longer: divided by factor
+    high_wavelen = s.original_max_position / s.high_freq_factor  # shorter: kept
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(between, (1 - smooth) * scaled / s.factor + smooth * scaled, scaled)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, scaling=None) -> jax.Array:
     """Rotary embedding, HF "rotate_half" convention.
 
     Args:
         x: [B, T, N, hd] queries or keys.
         positions: [B, T] int32 absolute positions.
         theta: base frequency.
+        scaling: a `RopeScaling` (Llama 3.1), or None.
     """
     hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # [hd/2]
+    inv_freq = rope_frequencies(hd, theta, scaling)  # [hd/2]
     angles = positions.astype(_F32)[..., None] * inv_freq.astype(np.float32)  # [B, T, hd/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]

@@ -29,6 +29,37 @@ def _per_head(base: dict[str, Any]):
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling (Hugging Face `rope_type: "llama3"`).
+
+    A frequency whose wavelength is longer than `original_max_position /
+    low_freq_factor` is divided by `factor`, one shorter than `original_max_position /
+    high_freq_factor` kept, and those between interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
+
+    def __post_init__(self):
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"RopeScaling.{name} must be a finite number > 0, got {value!r}")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(
+                f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                f"low_freq_factor ({self.low_freq_factor})"
+            )
+        m = self.original_max_position
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(
+                f"RopeScaling.original_max_position must be an integer >= 1, got {m!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Shape and flavour of a decoder-only transformer.
 
@@ -47,6 +78,7 @@ class TransformerConfig:
         norm_eps: epsilon added to the variance in every norm.
         position: "rope" (rotary, HF rotate_half convention) or "learned".
         rope_theta: rotary base frequency (used when position == "rope").
+        rope_scaling: Llama 3.1's frequency scaling (`RopeScaling`), or None.
         mlp: "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (tanh approximation).
         qkv_bias: bias on the q, k and v projections.
         out_bias: bias on the attention output projection.
@@ -71,6 +103,7 @@ class TransformerConfig:
     norm_eps: float = 1e-6
     position: str = "rope"
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     mlp: str = "swiglu"
     qkv_bias: bool = False
     out_bias: bool = False
@@ -120,6 +153,11 @@ class TransformerConfig:
                 raise ValueError(
                     f"TransformerConfig.{name} must be a finite number > 0, got {value!r}"
                 )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(
+                f"TransformerConfig.rope_scaling must be a RopeScaling or None, "
+                f"got {self.rope_scaling!r}"
+            )
         for name in ("qkv_bias", "out_bias", "mlp_bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
@@ -154,6 +192,9 @@ class TransformerConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown TransformerConfig fields: {unknown}")
+        scaling = data.get("rope_scaling")
+        if isinstance(scaling, dict):
+            data = {**data, "rope_scaling": RopeScaling(**scaling)}
         return cls(**data)
 
     def to_json(self) -> str:

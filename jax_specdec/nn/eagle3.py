@@ -173,7 +173,8 @@ class Eagle3Attention(Attention):
         v = self.v(x).reshape(B, T, c.num_kv_heads, c.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        rotated = (rope(t, positions, c.rope_theta, c.rope_scaling) for t in (q, k))
+        return *rotated, v
 
 
 class Eagle3Layer(nnx.Module):

@@ -106,8 +106,8 @@ class Attention(nnx.Module):
         k = self.k(x).reshape(B, T, c.num_kv_heads, c.head_dim)
         v = self.v(x).reshape(B, T, c.num_kv_heads, c.head_dim)
         if c.position == "rope":
-            q = rope(q, positions, c.rope_theta)
-            k = rope(k, positions, c.rope_theta)
+            q = rope(q, positions, c.rope_theta, c.rope_scaling)
+            k = rope(k, positions, c.rope_theta, c.rope_scaling)
         return q, k, v
 
     def output(self, attended: jax.Array) -> jax.Array:
