@@ -151,7 +151,9 @@ def _self_data(target, directory, count=48):
     )
 
 
-def test_agreement_counts_generated_positions_only(tmp_path):
+def test_agreement_counts_rounds_after_the_prompt_only(tmp_path):
+    """Draft step s + 1 at entry i counts when its round's pending position i - s is the
+    last prompt token or later (and at least 1)."""
     target = tiny_target()
     data = _self_data(target, tmp_path, count=16)
     assert data.aux.shape == (16, 20, 3 * target.config.d_model)
@@ -162,7 +164,7 @@ def test_agreement_counts_generated_positions_only(tmp_path):
     passes = _unrolled(head, prev, jnp.asarray(data.tokens), target.embed[...], 2)
     for s, (logits, _) in enumerate(passes):
         hits = np.asarray(jnp.argmax(logits, -1)) == data.greedy
-        counted = np.arange(20)[None] >= np.maximum(data.start - 1, s + 1)[:, None]
+        counted = np.arange(20)[None] >= np.maximum(data.start - 1 + s, s + 1)[:, None]
         assert measured[s] == round(float(hits[counted].mean()), 4)
 
 

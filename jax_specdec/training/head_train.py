@@ -10,8 +10,8 @@ EAGLE-3 head reads its layers' hidden states at i - 1 and learns from the
 cross-entropy alone, as EAGLE-3 does. With `unroll` n, passes 2 … n train draft steps
 2 … n as the loop runs them (the heads' `unrolled`): the head's own output in, the
 target's features behind it, EAGLE-3's "training-time test". Where the data marks the
-prompt (`FeatureSet.start`), only the positions from the last prompt token on (the
-predictions of generated tokens) count, in the loss and in the agreement.
+prompt (`FeatureSet.start`), only rounds whose pending position is the last prompt token
+or later count (as in the loop), in the loss and in the agreement.
 
 Batches depend only on (seed, step), and checkpoints (model and optimizer, orbax)
 carry the step, so a run killed and restarted ends with the same weights.
@@ -106,6 +106,12 @@ def _masked_mean(values: jax.Array, counted: jax.Array) -> jax.Array:
     return jnp.sum(values * counted) / jnp.maximum(jnp.sum(counted), 1)
 
 
+def _step_mask(counted: jax.Array, s: int) -> jax.Array:
+    """Entries i that draft step s + 1 is trained at: those whose round's pending
+    position i - s is counted (a round starts at the last prompt token or later)."""
+    return jnp.pad(counted[:, : counted.shape[1] - s], ((0, 0), (s, 0)))
+
+
 def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
     tokens, features, _, inputs, counted = batch
     features = features.astype(jnp.float32)
@@ -115,7 +121,7 @@ def _loss(head, batch, embed, out_rows, scale, config: HeadTrainConfig):
     regress = isinstance(head, FeatureHead)
     loss = 0.0
     for s, (logits, predicted) in enumerate(head.unrolled(prev, tokens, embed, config.unroll)):
-        mask = counted.at[:, :s].set(False)
+        mask = _step_mask(counted, s)
         loss = loss + config.ce_weight * _masked_mean(
             optax.softmax_cross_entropy(logits, soft), mask
         )
@@ -136,13 +142,13 @@ def _train_step(head, optimizer, batch, embed, out_rows, scale, config):
 @nnx.jit(static_argnames="steps")
 def _agree(head, batch, embed, steps: int):
     """Per draft step: (entries where the head's argmax is the target's greedy token,
-    entries counted), over entries whose round has a pending position ≥ 1."""
+    entries counted), over entries whose round has a counted pending position ≥ 1."""
     tokens, _, greedy, inputs, counted = batch
     prev = previous_features(inputs.astype(jnp.float32))
     hits, counts = [], []
     for s, (logits, _) in enumerate(head.unrolled(prev, tokens, embed, steps)):
         guess = head.vocab_map[...][jnp.argmax(logits, axis=-1)]
-        mask = counted.at[:, : s + 1].set(False)
+        mask = _step_mask(counted, s).at[:, : s + 1].set(False)
         hits.append(jnp.sum((guess == greedy) & mask))
         counts.append(jnp.sum(mask))
     return jnp.stack(hits), jnp.stack(counts)
