@@ -224,6 +224,7 @@ def run_job(
     progress: bool = True,
     max_len: int | None = None,
     stop=None,
+    hosts=None,
 ) -> dict:
     """Runs the rows not yet in `output`, appending one line per row, call by call.
 
@@ -242,12 +243,20 @@ def run_job(
       max_len: the models' context: no call holds a longest prompt and a largest budget
         that do not fit in it together.
       stop: fn() -> bool, asked between calls: True ends the job there (resumable).
+      hosts: for a job over the processes of a `jax.distributed` run,
+        `batch_multihost.Hosts()`: process 0 reads `output` and tells every process the
+        rows still to run, each call's output is gathered to every process, `stop` asked
+        of all, and process 0 alone writes (and shows progress).
 
     Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round,
-    occupancy, and whether `stop` ended it).
+    occupancy, and whether `stop` ended it; with `hosts`, the number of processes).
     """
     output = pathlib.Path(output)
-    done, pending = _pending(rows, output, job)
+    if hosts is None:
+        pending, write = _pending(rows, output, job)[1], True
+    else:
+        pending, write = hosts.pending(rows, output, job), hosts.lead
+        generate, stop, progress = hosts.gathered(generate), hosts.agreed(stop), progress and write
     limit = _call_limit(batch_size, slots, rows_per_call)
     plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
     # One sampling plan for every call (of all the job's rows, so a restart compiles the
@@ -257,9 +266,10 @@ def run_job(
     totals = dict.fromkeys(counters, 0)
     start = time.perf_counter()
     run = functools.partial(_run_batch, generate=generate, detokenize=detokenize, plan=sampling)
-    interrupted = _append(output, job, plan, totals, run, progress, stop)
-    summary = _summary(totals, len(done), time.perf_counter() - start)
-    return {**summary, "interrupted": interrupted}
+    interrupted = _append(output, job, plan, totals, run, progress, stop, write=write)
+    summary = _summary(totals, len(rows) - len(pending), time.perf_counter() - start)
+    extra = {} if hosts is None else {"processes": hosts.count}
+    return {**summary, **extra, "interrupted": interrupted}
 
 
 def _pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> tuple[set[str], list[JobRow]]:

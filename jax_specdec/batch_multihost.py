@@ -19,34 +19,23 @@ same command on every process again; the rows already written are not run again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import pathlib
-import time
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jax_specdec.batch import (
-    _append,
-    _call_limit,
-    _file_digest,
-    _pending,
-    _run_batch,
-    _summary,
-    plan_batches,
-)
+from jax_specdec.batch import _file_digest, _pending
 from jax_specdec.batch_input import JobError, JobRow
-from jax_specdec.sampling import SamplingPlan
 
 __all__ = [
     "check_same",
     "digest",
     "flags_digest",
+    "Hosts",
     "initialize",
-    "run_multihost_job",
 ]
 
 MISSING = bytes(32)  # the digest of a file a process does not have
@@ -147,50 +136,25 @@ def _agreed(stop):
     return ask
 
 
-def run_multihost_job(
-    rows: list[JobRow],
-    output,
-    *,
-    generate,
-    job: dict,
-    batch_size: int,
-    slots: int | None = None,
-    rows_per_call: int | None = None,
-    detokenize=None,
-    progress: bool = True,
-    max_len: int | None = None,
-    stop=None,
-) -> dict:
-    """`run_job` on every process of a `jax.distributed` run (see the module's docstring).
+class Hosts:
+    """The hooks `batch.run_job(..., hosts=Hosts())` runs a job over the processes of a
+    `jax.distributed` run with (see the module's docstring): `rows`, `job`, the call
+    settings and `generate` (on a mesh over all processes' devices) must be the same on
+    every process; the output path is read and written by process 0 only."""
 
-    Args:
-      rows, job, batch_size, slots, rows_per_call, detokenize, max_len: as `run_job` takes
-        them, the same on every process.
-      output: the results file: process 0 reads and writes it (the others' is unused).
-      generate: as `run_job` takes it, on a mesh over all processes' devices; its output
-        is gathered to every process.
-      progress: a progress bar (process 0 only).
-      stop: fn() -> bool, asked on every process between calls: one True stops all.
+    @property
+    def lead(self) -> bool:
+        return jax.process_index() == 0
 
-    Returns `run_job`'s summary, on every process.
-    """
-    output = pathlib.Path(output)
-    lead = jax.process_index() == 0
-    pending = [rows[i] for i in _agree_pending(rows, output, job)]
-    limit = _call_limit(batch_size, slots, rows_per_call)
-    plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
-    sampling = SamplingPlan.of([r.sampling for r in rows])  # all rows, as run_job
-    counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
-    totals = dict.fromkeys(counters, 0)
-    start = time.perf_counter()
-    run = functools.partial(
-        _run_batch, generate=_gathered(generate), detokenize=detokenize, plan=sampling
-    )
-    interrupted = _append(
-        output, job, plan, totals, run, progress and lead, _agreed(stop), write=lead
-    )
-    summary = _summary(totals, len(rows) - len(pending), time.perf_counter() - start)
-    return {**summary, "processes": jax.process_count(), "interrupted": interrupted}
+    @property
+    def count(self) -> int:
+        return jax.process_count()
+
+    def pending(self, rows: list[JobRow], output: pathlib.Path, job: dict) -> list[JobRow]:
+        return [rows[i] for i in _agree_pending(rows, output, job)]
+
+    gathered = staticmethod(_gathered)
+    agreed = staticmethod(_agreed)
 
 
 def flags_digest(settings: dict) -> bytes:

@@ -336,17 +336,15 @@ def _run(args, parser, interrupt) -> int:
         stop=lambda: interrupt.requested,
     )
     try:
-        if distributed is not None:
-            from jax_specdec.batch_multihost import run_multihost_job
+        if args.ray is None:
+            from jax_specdec.batch_multihost import Hosts
 
             generate = _generate(args, target, draft, eos, mesh)
-            summary = run_multihost_job(
-                rows, output, generate=generate, detokenize=tokenizer.decode, **shared
-            )
-        elif args.ray is None:
-            generate = _generate(args, target, draft, eos, mesh)
+            hosts = None if distributed is None else Hosts()
             detokenize = tokenizer.decode
-            summary = run_job(rows, output, generate=generate, detokenize=detokenize, **shared)
+            summary = run_job(
+                rows, output, generate=generate, detokenize=detokenize, hosts=hosts, **shared
+            )
         else:
             from jax_specdec.batch_ray import run_ray_job
 
