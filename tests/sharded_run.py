@@ -1,15 +1,20 @@
 """Runs in its own process with 8 simulated CPU devices (XLA_FLAGS must be set before
-jax starts): sharded generation vs one device. Prints one JSON object.
+jax starts): sharded generation vs one device. Prints one JSON object, the result of each
+mode named (or the traceback of the mode that failed), so that one process (one JAX
+start) serves several tests:
 
     python tests/sharded_run.py equality   # meshes (8,1), (4,2), (2,4) vs one device
     python tests/sharded_run.py exactness  # the enumerated exactness test on mesh (4,2)
     python tests/sharded_run.py batch      # the batch job on meshes vs one device
+    python tests/sharded_run.py reference  # multihost_run.py's one-process reference
+    python tests/sharded_run.py equality batch  # several modes in one process
 """
 
 import json
 import os
 import sys
 import time
+import traceback
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -230,6 +235,24 @@ def batch_job():
     }
 
 
-if __name__ == "__main__":
+def reference():
+    """The one-device tokens that the two processes of multihost_run.py must match."""
+    from multihost_run import generate
+
+    return generate(None)
+
+
+def run_modes(names):
     modes = {"equality": equality, "exactness": exactness, "batch": batch_job}
-    print(json.dumps(modes[sys.argv[1]]()))
+    modes["reference"] = reference
+    results = {}
+    for name in names:
+        try:
+            results[name] = modes[name]()
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_modes(sys.argv[1:])))

@@ -1,7 +1,8 @@
 """Sharded generation on simulated CPU devices and across two processes.
 
 Each check runs in a subprocess: the device count (XLA_FLAGS) and jax.distributed must
-be set before jax starts, and the rest of the suite runs on one device.
+be set before jax starts, and the rest of the suite runs on one device. The 8-device
+checks of the selected tests share one subprocess (`sharded`), which JAX starts once.
 """
 
 import json
@@ -23,19 +24,38 @@ from jax_specdec.sharding import param_spec
 HERE = pathlib.Path(__file__).parent
 
 
-def run_helper(*args, timeout=900):
+# The mode of sharded_run.py each test checks.
+MODES = {
+    "test_meshes_give_the_one_device_tokens_and_split_the_weights": "equality",
+    "test_batch_job_rows_do_not_depend_on_the_mesh": "batch",
+    "test_enumerated_exactness_on_a_sharded_mesh": "exactness",
+    "test_two_processes_match_one_process": "reference",
+}
+
+
+@pytest.fixture(scope="module")
+def sharded(request):
+    """The results of the selected tests' modes, from one run of sharded_run.py."""
+    selected = {item.originalname for item in request.session.items}
+    modes = [mode for test, mode in MODES.items() if test in selected]
     proc = subprocess.run(
-        [sys.executable, str(HERE / "sharded_run.py"), *args],
+        [sys.executable, str(HERE / "sharded_run.py"), *modes],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=900 * len(modes),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_meshes_give_the_one_device_tokens_and_split_the_weights():
-    result = run_helper("equality")
+def mode_result(sharded, mode):
+    result = sharded[mode]
+    assert "error" not in result, result["error"][-3000:]
+    return result
+
+
+def test_meshes_give_the_one_device_tokens_and_split_the_weights(sharded):
+    result = mode_result(sharded, "equality")
     print("\nSHARDING " + json.dumps(result))
     assert result["devices"] == 8
     for shape, entry in result["meshes"].items():
@@ -57,16 +77,16 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights():
     assert "model axis (4) does not divide the draft model's num_kv_heads (2)" in errors["kv"]
 
 
-def test_batch_job_rows_do_not_depend_on_the_mesh():
-    result = run_helper("batch")
+def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
+    result = mode_result(sharded, "batch")
     assert result["rows"] == 11
     ways = [f"{mesh}-{way}" for mesh in ("None", "4x2", "8x1") for way in ("fixed", "slots")]
     assert result["same"] == dict.fromkeys(ways, True)
 
 
 @pytest.mark.slow
-def test_enumerated_exactness_on_a_sharded_mesh():
-    result = run_helper("exactness")
+def test_enumerated_exactness_on_a_sharded_mesh(sharded):
+    result = mode_result(sharded, "exactness")
     print(f"\nSHARDED-EXACTNESS mesh (4,2): {result}")
     assert min(result["pvalues"]) > 1e-3
 
@@ -77,12 +97,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process(tmp_path):
+def test_two_processes_match_one_process(tmp_path, sharded):
     script = str(HERE / "multihost_run.py")
-    reference = tmp_path / "reference.json"
-    subprocess.run(
-        [sys.executable, script, "reference", "-", "-", str(reference)], check=True, timeout=600
-    )
     port, out = str(free_port()), tmp_path / "multi.json"
     procs = [
         subprocess.Popen(
@@ -96,7 +112,7 @@ def test_two_processes_match_one_process(tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
-    multi, ref = json.loads(out.read_text()), json.loads(reference.read_text())
+    multi, ref = json.loads(out.read_text()), mode_result(sharded, "reference")
     assert multi["process_count"] == 2 and multi["global_devices"] == 8
     assert multi["local_devices"] == 4
     assert multi["greedy"] == ref["greedy"]
