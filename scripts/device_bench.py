@@ -342,12 +342,12 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
     marks = [time.perf_counter()]
     if "steps" in sections:
         result["steps"] = step_table(smollm, plan, budget)
-        marks.append(time.perf_counter())
+        _written(out_dir, result, budget, marks, start)
     if "smollm" in sections:
         draft = draft_for(smollm, configs["draft"], sharpness)
         drafts = {"draft": draft, "ngram": NGram(max_ngram=3)}
         result["generation"] += generation("smollm", smollm, drafts, plan, budget, "smollm")
-        marks.append(time.perf_counter())
+        _written(out_dir, result, budget, marks, start)
     if "target_1b" in sections:
         target = sharpened(configs["target_1b"], 1, sharpness)
         draft = draft_for(target, configs["draft"], sharpness)
@@ -355,14 +355,22 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
         result["generation"] += generation(
             "target_1b", target, {"draft": draft}, plan, budget, "target_1b"
         )
-        marks.append(time.perf_counter())
+        _written(out_dir, result, budget, marks, start)
     if "kernels" in sections:
         result["kernels"] = kernels(smollm, plan, budget)
-        marks.append(time.perf_counter())
+        _written(out_dir, result, budget, marks, start)
     if "sampling" in sections:
         result["sampling"] = sampling_transforms(smollm.config.vocab_size, plan, budget)
-        marks.append(time.perf_counter())
-    result["section_s"] = dict(zip(budget.shares, np.diff(marks).tolist(), strict=True))
+        _written(out_dir, result, budget, marks, start)
+    return result
+
+
+def _written(out_dir: str, result: dict, budget: Budget, marks: list, start: float) -> None:
+    """Marks the end of a section and writes what has been measured so far (a run cut
+    short by a timeout keeps its finished sections)."""
+    marks.append(time.perf_counter())
+    done = list(budget.shares)[: len(marks) - 1]
+    result["section_s"] = dict(zip(done, np.diff(marks).tolist(), strict=True))
     result["skipped"] = budget.skipped
     result["wall_s"] = time.perf_counter() - start
     os.makedirs(out_dir, exist_ok=True)
@@ -370,7 +378,6 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(out_dir, "device_bench.md"), "w") as f:
         f.write(markdown(result))
-    return result
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -397,6 +404,7 @@ def main(argv=None):
     unknown = set(sections) - set(SHARES)
     if unknown:
         p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SHARES)}")
+    sections = tuple(name for name in SHARES if name in sections)  # the order they run in
     overrides = {k: getattr(args, k) for k in ("tokens", "batches") if getattr(args, k)}
     if args.cache_lens:
         overrides["caches"] = tuple((c, min(192, c * 3 // 4)) for c in args.cache_lens)
