@@ -17,15 +17,28 @@ transformers = pytest.importorskip("transformers")
 ATOL = 1e-4
 VOCAB = 61
 
+# The shape the Llama-style configs share: GQA (2 kv heads for 4 query heads).
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
 HF_CONFIGS = {
-    # GQA (2 kv heads for 4 query heads), untied head, non-default rope_theta.
+    # Untied head, non-default rope_theta.
     "llama": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPE,
         max_position_embeddings=64,
         rope_theta=500.0,
         rms_norm_eps=1e-5,
@@ -34,31 +47,14 @@ HF_CONFIGS = {
     # Llama 3.1's rotary scaling: of head_dim 8's four wavelengths (6.3, 30, 140, 665
     # positions at theta 500) one is kept, one smoothed and two divided by the factor.
     "llama3": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPE,
         max_position_embeddings=256,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
+        rope_parameters=dict(LLAMA3_ROPE),
         tie_word_embeddings=False,
     ),
     # q/k/v biases, tied embeddings.
     "qwen2": lambda: transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPE,
         max_position_embeddings=64,
         rope_theta=20000.0,
         tie_word_embeddings=True,
