@@ -95,8 +95,13 @@ class DataConfig:
         return f"{self.kind}{extra}-t{self.seq_len}-n{self.tokens}"
 
 
+def _corpus(corpus: str):
+    """The standard library's files, or the .py files under the directory `corpus`."""
+    return stdlib_corpus() if corpus == "stdlib" else stdlib_corpus(root=corpus)
+
+
 def _streams(tokenizer, corpus: str):
-    files = stdlib_corpus() if corpus == "stdlib" else stdlib_corpus(root=corpus)
+    files = _corpus(corpus)
     eot = tokenizer.token_to_id("<|endoftext|>")
     if eot is None:
         raise ValueError("the target's tokenizer has no <|endoftext|> token")
@@ -139,7 +144,7 @@ def prepare_data(
 
 def _self_windows(target, tokenizer, data: DataConfig, work_dir, split: str) -> Windows:
     """The target's continuations of `split`'s prompts (`training.self_data`)."""
-    files = stdlib_corpus() if data.corpus == "stdlib" else stdlib_corpus(root=data.corpus)
+    files = _corpus(data.corpus)
     names = files.train if split == "train" else files.validation
     tokens = data.tokens if split == "train" else data.validation_tokens
     count = max(tokens // data.seq_len, 1)
