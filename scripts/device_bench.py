@@ -19,7 +19,7 @@ Measures, in bfloat16 (random weights; timings do not depend on their values):
    target's and both heads are sharpened by the same factor, so their distributions
    agree partly (the acceptance rate α is reported);
 3. the attention kernels (einsum, and `jax.nn.dot_product_attention` through XLA and
-   cuDNN) at the longest context;
+   cuDNN) at the longest context, at batch 8 (`--kernel-batches`);
 4. the per-row sampling transforms (`RowSampling.probs`) on a verify call's logits
    [16, 5, vocab]: temperature only, and a mix of greedy, temperature, top-p and top-k
    rows, against one setting for all rows (`probs_from_logits`).
@@ -32,6 +32,7 @@ spent are listed under "skipped" rather than run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -60,6 +61,7 @@ FULL = dict(
     repeats=3,
     steps=8,
     kernel_tokens=(1, 5),
+    kernel_batches=(8,),
     sampling_shape=(16, 5),  # (rows, tokens per row) of a verify call's logits
     sampling_reps=16,
 )
@@ -74,6 +76,7 @@ QUICK = dict(
     repeats=1,
     steps=2,
     kernel_tokens=(1,),
+    kernel_batches=(2,),
     sampling_shape=(4, 3),
     sampling_reps=2,
 )
@@ -228,25 +231,25 @@ def generation(name, target, drafts: dict, plan: dict, budget: Budget, section: 
 def kernels(model, plan: dict, budget: Budget) -> list:
     """Steps at the longest context with each attention kernel."""
     cache_len, context = plan["caches"][-1]
-    batch = plan["batches"][min(1, len(plan["batches"]) - 1)]
     rows = []
-    for kernel in attention.KERNELS:
-        for t in plan["kernel_tokens"]:
-            if not budget.allows("kernels", f"{kernel} T={t}"):
-                continue
-            row = dict(kernel=kernel, batch=batch, tokens=t, cache_len=cache_len, context=context)
-            os.environ["JAX_SPECDEC_ATTENTION"] = kernel
-            try:
-                timing = decode_step_time(
-                    model, batch=batch, tokens_per_call=t, context=context, cache_len=cache_len,
-                    steps=plan["steps"], repeats=plan["repeats"],
-                )  # fmt: skip
-                row["ms"] = 1e3 * timing.median
-            except Exception as error:  # a kernel the device refuses must not end the run
-                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-            finally:
-                del os.environ["JAX_SPECDEC_ATTENTION"]
-            rows.append(row)
+    for batch, kernel, t in itertools.product(
+        plan["kernel_batches"], attention.KERNELS, plan["kernel_tokens"]
+    ):
+        if not budget.allows("kernels", f"{kernel} batch {batch} T={t}"):
+            continue
+        row = dict(kernel=kernel, batch=batch, tokens=t, cache_len=cache_len, context=context)
+        os.environ["JAX_SPECDEC_ATTENTION"] = kernel
+        try:
+            timing = decode_step_time(
+                model, batch=batch, tokens_per_call=t, context=context, cache_len=cache_len,
+                steps=plan["steps"], repeats=plan["repeats"],
+            )  # fmt: skip
+            row["ms"] = 1e3 * timing.median
+        except Exception as error:  # a kernel the device refuses must not end the run
+            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        finally:
+            del os.environ["JAX_SPECDEC_ATTENTION"]
+        rows.append(row)
     return rows
 
 
@@ -397,6 +400,7 @@ def main(argv=None):
                    help="comma-separated subset of: " + ", ".join(SHARES))  # fmt: skip
     p.add_argument("--tokens", type=_ints, help="tokens per row of the step table, e.g. 1,5,9")
     p.add_argument("--batches", type=_ints, help="batch sizes of the step table, e.g. 1,8")
+    p.add_argument("--kernel-batches", type=_ints, help="batch sizes of the kernel table")
     p.add_argument("--cache-lens", type=_ints,
                    help="allocated caches of the step table (context 192), e.g. 256")  # fmt: skip
     args = p.parse_args(argv)
@@ -405,7 +409,8 @@ def main(argv=None):
     if unknown:
         p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SHARES)}")
     sections = tuple(name for name in SHARES if name in sections)  # the order they run in
-    overrides = {k: getattr(args, k) for k in ("tokens", "batches") if getattr(args, k)}
+    names = ("tokens", "batches", "kernel_batches")
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k)}
     if args.cache_lens:
         overrides["caches"] = tuple((c, min(192, c * 3 // 4)) for c in args.cache_lens)
     budget = args.budget_s if args.budget_s is not None else (120.0 if args.quick else 420.0)

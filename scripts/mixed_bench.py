@@ -98,8 +98,7 @@ def main() -> None:
     inp = work / "in.jsonl"
     inp.write_text(
         "".join(
-            json.dumps(r) + "\n"
-            for r in job_lines(prompts, args.rows, SETTINGS[args.settings])
+            json.dumps(r) + "\n" for r in job_lines(prompts, args.rows, SETTINGS[args.settings])
         )
     )
     rows = read(inp, tokenizer, target)

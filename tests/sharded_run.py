@@ -6,6 +6,7 @@ start) serves several tests:
     python tests/sharded_run.py equality   # meshes (8,1), (4,2), (2,4) vs one device
     python tests/sharded_run.py exactness  # the enumerated exactness test on mesh (4,2)
     python tests/sharded_run.py batch      # the batch job on meshes vs one device
+    python tests/sharded_run.py drafters   # heads and trees on meshes vs one device
     python tests/sharded_run.py reference  # multihost_run.py's one-process reference
     python tests/sharded_run.py equality batch  # several modes in one process
 """
@@ -235,6 +236,45 @@ def batch_job():
     }
 
 
+def drafters():
+    """Feature and EAGLE-3 heads (chains, slots, trees) and the n-gram proposer's trees on
+    meshes (4,2) and (2,4): the one-device tokens, greedy and sampled, and the head's
+    weights split like a target's."""
+    from helpers import make_head, make_model, ragged_prompts
+    from test_eagle3_loop import make_eagle3
+
+    from jax_specdec import NGram
+    from jax_specdec.decode.tree import Tree
+
+    target = make_model(10, vocab=32, scale=0.3, num_kv_heads=4)
+    drafts = {
+        "feature": make_head(target),
+        "eagle3": make_eagle3(target, kept_ids=[0, 1, 2, 4, 5, 6, 7, 8], scale=0.05),
+        "ngram": NGram(),
+    }
+    prompts = ragged_prompts(8, 32, seed=1)
+    keys = jax.random.split(jax.random.key(5), 8)
+    cases = [  # (draft, sampling temperature, extra arguments, mesh)
+        *[(h, 0.0, {}, (4, 2)) for h in ("feature", "eagle3")],
+        *[(h, 1.0, {"num_slots": 4}, (4, 2)) for h in ("feature", "eagle3")],
+        *[(h, 1.0, {"tree": Tree(6, 3, 2)}, (2, 4)) for h in ("feature", "eagle3")],
+        ("ngram", 0.0, {"tree": Tree(6, 3, 2)}, (4, 2)),
+    ]
+    same = {}
+    for name, t, extra, shape in cases:
+        kw = dict(key=keys, max_new_tokens=12, num_draft_tokens=3, eos_token_id=3, **extra)
+        kw["sampling"] = SamplingConfig(t)
+        one = speculative_generate(target, drafts[name], prompts, **kw).tokens
+        mesh = jax.make_mesh(shape, ("data", "model"))
+        out = speculative_generate(target, drafts[name], prompts, mesh=mesh, **kw).tokens
+        same[f"{name} T={t} {sorted(extra)} {shape}"] = bool(np.array_equal(out, one))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    run = Generator(target, drafts["eagle3"], mesh=mesh).bind(prompts, key=keys, max_new_tokens=4)
+    q = run.args.draft_state["head"]["layers"][0]["attn"]["q"]["kernel"][...]
+    shard = q.addressable_shards[0].data.shape
+    return {"same": same, "head_q_kernel": [list(q.shape), list(shard)]}
+
+
 def reference():
     """The one-device tokens that the two processes of multihost_run.py must match."""
     from multihost_run import generate
@@ -244,6 +284,7 @@ def reference():
 
 def run_modes(names):
     modes = {"equality": equality, "exactness": exactness, "batch": batch_job}
+    modes["drafters"] = drafters
     modes["reference"] = reference
     results = {}
     for name in names:

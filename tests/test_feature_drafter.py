@@ -289,9 +289,6 @@ def test_head_for_another_target_is_refused_before_compiling(target):
         speculative_generate(target, outside, [[1]], key=jax.random.key(0), max_new_tokens=3)
     with pytest.raises(ValueError, match="Confidence"):
         Generator(target, make_head(target), schedule=Confidence(0.5, 2))
-    mesh = jax.make_mesh((1, 1), ("data", "model"))
-    with pytest.raises(ValueError, match="mesh is not supported with a feature head"):
-        Generator(target, make_head(target), mesh=mesh)
 
 
 def test_tokenizer_mismatch_is_refused(target):

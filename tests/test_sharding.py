@@ -30,6 +30,7 @@ MODES = {
     "test_batch_job_rows_do_not_depend_on_the_mesh": "batch",
     "test_enumerated_exactness_on_a_sharded_mesh": "exactness",
     "test_two_processes_match_one_process": "reference",
+    "test_heads_and_trees_on_meshes_give_the_one_device_tokens": "drafters",
 }
 
 
@@ -82,6 +83,13 @@ def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
     assert result["rows"] == 11
     ways = [f"{mesh}-{way}" for mesh in ("None", "4x2", "8x1") for way in ("fixed", "slots")]
     assert result["same"] == dict.fromkeys(ways, True)
+
+
+def test_heads_and_trees_on_meshes_give_the_one_device_tokens(sharded):
+    result = mode_result(sharded, "drafters")
+    assert len(result["same"]) == 7 and all(result["same"].values()), result["same"]
+    full, shard = result["head_q_kernel"]  # the head's q kernel [2 hidden, heads x hd]
+    assert shard == [full[0], full[1] // 4]
 
 
 @pytest.mark.slow

@@ -177,8 +177,6 @@ class Generator:
         if self.draft_model is not None:
             models.append(("draft", self.draft_model))
         self._models = models
-        if mesh is not None and isinstance(self.drafter, HeadDrafter):
-            raise ValueError("mesh is not supported with a feature head yet")
         self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
         self._defs, self._states = [], []
         for _, model in models:
