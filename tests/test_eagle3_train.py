@@ -201,6 +201,8 @@ def test_cli_trains_an_eagle3_head_on_the_targets_own_text(pair, tmp_path, capsy
     assert summary["steps"] == 3 and summary["train_tokens"] > 0
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["dtype"] == "float16"
+    verifier = config["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": str(pair / "target"), "architectures": ["LlamaForCausalLM"]}
     head = load_head(out)
     assert isinstance(head, Eagle3Head) and head.config.aux_layer_ids == LAYERS
     argv = ["generate", "--target", str(pair / "target"), "--draft", str(out), "--json"]
@@ -228,3 +230,11 @@ def test_bad_flags_are_refused(pair, tmp_path, capsys, flags, message):
         main([*argv, *flags])
     assert message in capsys.readouterr().err
     assert not (tmp_path / "h.work").exists()
+
+
+def test_the_verifier_is_named_as_vllm_loads_it(tmp_path):
+    from jax_specdec.training.head_recipe import verifier_of
+
+    hub = ("HuggingFaceTB/SmolLM2-135M-Instruct", ("LlamaForCausalLM",))
+    assert verifier_of("smollm2-135m") == hub  # a zoo name: its Hub id, no download
+    assert verifier_of(str(tmp_path / "model.gguf")) == (str(tmp_path / "model.gguf"), ())

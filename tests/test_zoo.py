@@ -26,6 +26,8 @@ def fake_model(tmp_path, payload: bytes) -> zoo.ZooModel:
         member="fake/model.gguf",
         sha256=hashlib.sha256(payload).hexdigest(),
         size=len(payload),
+        hub_id="fake/fake",
+        architectures=(),
     )
 
 

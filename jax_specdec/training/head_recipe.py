@@ -256,13 +256,30 @@ def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Confi
     for i in ids:
         if not 0 <= i <= tc.num_layers:
             raise ValueError(f"aux layer {i} is not a layer id of the target (0 … {tc.num_layers})")
+    verifier = verifier_of(target_name)
     return Eagle3Config(
         layer=tc.replace(num_layers=1 if layers is None else layers, tie_embeddings=False),
         draft_vocab_size=8192 if kept is None else kept,
         aux_layer_ids=ids,
         has_embed=False,
-        verifier=target_name,
+        verifier=verifier[0],
+        verifier_architectures=verifier[1],
     )
+
+
+def verifier_of(target_name: str) -> tuple[str, tuple[str, ...]]:
+    """How an EAGLE-3 head's `speculators` config names its target (what vLLM loads as
+    the verifier): a zoo model by its Hugging Face id and architectures, a Hugging Face
+    directory by its path and its config's architectures, anything else as given."""
+    from jax_specdec.io import zoo
+
+    if target_name in zoo.MODELS:
+        model = zoo.MODELS[target_name]
+        return model.hub_id, model.architectures
+    config = pathlib.Path(target_name, "config.json")
+    if config.is_file():
+        return target_name, tuple(json.loads(config.read_text()).get("architectures") or ())
+    return target_name, ()
 
 
 def _head_config(target, tokenizer, init, kept, layers, target_name) -> FeatureHeadConfig:
