@@ -258,6 +258,7 @@ def drafters():
         *[(h, 0.0, {}, (4, 2)) for h in ("feature", "eagle3")],
         *[(h, 1.0, {"num_slots": 4}, (4, 2)) for h in ("feature", "eagle3")],
         *[(h, 1.0, {"tree": Tree(6, 3, 2)}, (2, 4)) for h in ("feature", "eagle3")],
+        ("eagle3", 0.0, {"tree": Tree(6, 3, 2)}, (4, 2)),
         ("ngram", 0.0, {"tree": Tree(6, 3, 2)}, (4, 2)),
     ]
     same = {}
@@ -269,10 +270,12 @@ def drafters():
         out = speculative_generate(target, drafts[name], prompts, mesh=mesh, **kw).tokens
         same[f"{name} T={t} {sorted(extra)} {shape}"] = bool(np.array_equal(out, one))
     mesh = jax.make_mesh((2, 4), ("data", "model"))
-    run = Generator(target, drafts["eagle3"], mesh=mesh).bind(prompts, key=keys, max_new_tokens=4)
-    q = run.args.draft_state["head"]["layers"][0]["attn"]["q"]["kernel"][...]
-    shard = q.addressable_shards[0].data.shape
-    return {"same": same, "head_q_kernel": [list(q.shape), list(shard)]}
+    q_kernels = {}
+    for name, layers in (("feature", "blocks"), ("eagle3", "layers")):
+        run = Generator(target, drafts[name], mesh=mesh).bind(prompts, key=keys, max_new_tokens=4)
+        q = run.args.draft_state["head"][layers][0]["attn"]["q"]["kernel"][...]
+        q_kernels[name] = [list(q.shape), list(q.addressable_shards[0].data.shape)]
+    return {"same": same, "head_q_kernels": q_kernels}
 
 
 def reference():

@@ -87,9 +87,9 @@ def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
 
 def test_heads_and_trees_on_meshes_give_the_one_device_tokens(sharded):
     result = mode_result(sharded, "drafters")
-    assert len(result["same"]) == 7 and all(result["same"].values()), result["same"]
-    full, shard = result["head_q_kernel"]  # the head's q kernel [2 hidden, heads x hd]
-    assert shard == [full[0], full[1] // 4]
+    assert len(result["same"]) == 8 and all(result["same"].values()), result["same"]
+    for full, shard in result["head_q_kernels"].values():  # q kernels [in, heads x hd]
+        assert shard == [full[0], full[1] // 4]
 
 
 @pytest.mark.slow
