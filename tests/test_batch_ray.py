@@ -70,9 +70,16 @@ def resume_from(reference, out, rows):
     out.with_name(out.name + ".job.json").write_text(job.read_text())
 
 
-def test_two_workers_write_the_rows_of_one_process(pair, reference, cluster, tmp_path, capsys):
+def test_two_workers_write_the_rows_of_one_process(
+    pair, reference, cluster, tmp_path, capsys, monkeypatch
+):
     """From an input in another order: the one-process job's lines and job file, byte for
-    byte, in the order of the ids' SHA-256."""
+    byte, in the order of the ids' SHA-256. The driver (this process) reads no weights."""
+    import jax_specdec.io.hf as hf
+
+    built = []  # whether each model this process builds gets its weights
+    build = hf.build_model
+    monkeypatch.setattr(hf, "build_model", lambda c, parts: built.append(parts) or build(c, parts))
     inp, single = reference
     shuffled = ROWS[:]
     random.Random(1).shuffle(shuffled)
@@ -82,6 +89,7 @@ def test_two_workers_write_the_rows_of_one_process(pair, reference, cluster, tmp
     summary = last_summary(capsys.readouterr().out)
     assert summary["rows_run"] == 16 and summary["workers"] == 2
     assert out.read_text() == in_hash_order(single)
+    assert built == [None, None]  # the target and the draft, their shapes only
     job_file = (tmp_path / "ray.jsonl.job.json").read_text()
     assert job_file == single.with_name("out.jsonl.job.json").read_text()
     # Finished: a restart runs nothing and leaves the file as it is.

@@ -232,9 +232,18 @@ def test_bad_flags_are_refused(pair, tmp_path, capsys, flags, message):
     assert not (tmp_path / "h.work").exists()
 
 
-def test_the_verifier_is_named_as_vllm_loads_it(tmp_path):
+def test_the_verifier_is_named_as_vllm_loads_it(tmp_path, monkeypatch):
+    from jax_specdec.nn import TransformerConfig
     from jax_specdec.training.head_recipe import verifier_of
 
+    llama = TransformerConfig.tiny(vocab_size=64)
+    odd = llama.replace(norm="layer")  # no transformers class: no architectures
     hub = ("HuggingFaceTB/SmolLM2-135M-Instruct", ("LlamaForCausalLM",))
-    assert verifier_of("smollm2-135m") == hub  # a zoo name: its Hub id, no download
-    assert verifier_of(str(tmp_path / "model.gguf")) == (str(tmp_path / "model.gguf"), ())
+    assert verifier_of("smollm2-135m", llama) == hub  # a zoo name: its Hub id, no download
+    gguf = str(tmp_path / "model.gguf")
+    assert verifier_of(gguf, llama) == (gguf, ("LlamaForCausalLM",))
+    assert verifier_of(gguf, odd) == (gguf, ())
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"architectures": ["MistralForCausalLM"]}')
+    monkeypatch.chdir(tmp_path)  # a relative path is written absolute
+    assert verifier_of("hf", llama) == (str(tmp_path / "hf"), ("MistralForCausalLM",))

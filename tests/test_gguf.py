@@ -1,6 +1,7 @@
 """GGUF import: parity with transformers' own GGUF loading on small random files of each
 architecture and several tensor types, the tokenizer, conversion, bad input."""
 
+import functools
 import json
 
 import jax
@@ -82,6 +83,11 @@ def test_bfloat16_load(tmp_path):
     f32, bf16 = load_model(path), load_model(path, dtype="bfloat16")
     assert bf16.config.param_dtype == "bfloat16"
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(bf16)))
+    shapes = jax.tree.leaves(nnx.state(load_model(path, dtype="bfloat16", weights=False)))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in shapes)
+    assert [(x.shape, x.dtype) for x in shapes] == [
+        (x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(bf16))
+    ]
     ids = jnp.asarray([[5, 6, 7, 258]])
     a, b = np.asarray(f32(ids)), np.asarray(bf16(ids))
     assert np.abs(a - b).max() / np.abs(a).max() < 0.05
@@ -114,7 +120,7 @@ def test_truncated_file(tmp_path, good, keep):
     data = good.read_bytes()
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(data[: int(keep * len(data)) if keep < 1 else keep])
-    for load in (load_model, load_tokenizer):
+    for load in (load_model, load_tokenizer, functools.partial(load_model, weights=False)):
         with pytest.raises(GGUFError, match=r"cut\.gguf: not a readable GGUF file, truncated"):
             load(bad)
 

@@ -2,9 +2,11 @@
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jax_specdec.io.hf import load_model, load_tokenizer, save_model
@@ -259,8 +261,17 @@ def test_shape_mismatch_names_the_tensor(llama_dir):
     config = json.loads((llama_dir / "config.json").read_text())
     config["intermediate_size"] = 40
     (llama_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.\w+_proj\.weight"):
-        load_model(llama_dir)
+    for weights in (True, False):
+        with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.\w+_proj\.weight"):
+            load_model(llama_dir, weights=weights)
+
+
+def test_shapes_only_load_reads_no_tensor(llama_dir):
+    full, shapes = load_model(llama_dir), load_model(llama_dir, weights=False)
+    assert shapes.config == full.config
+    abstract, real = jax.tree.leaves(nnx.state(shapes)), jax.tree.leaves(nnx.state(full))
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in abstract)
+    assert [(x.shape, x.dtype) for x in abstract] == [(x.shape, x.dtype) for x in real]
 
 
 def test_missing_and_unexpected_tensors(llama_dir):

@@ -27,7 +27,6 @@ def fake_model(tmp_path, payload: bytes) -> zoo.ZooModel:
         sha256=hashlib.sha256(payload).hexdigest(),
         size=len(payload),
         hub_id="fake/fake",
-        architectures=(),
     )
 
 

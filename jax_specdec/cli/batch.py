@@ -178,7 +178,8 @@ def _load(args):
     _check_writable("--output", pathlib.Path(args.output))
     if args.errors is not None:
         _check_writable("--errors", pathlib.Path(args.errors))
-    loaded = common.load_pair(args.target, args.draft)
+    # a Ray job's driver needs the models' shapes only: its workers read the weights
+    loaded = common.load_pair(args.target, args.draft, weights=args.ray is None)
     target, draft, tokenizer = loaded.target, loaded.draft, loaded.tokenizer
     eos = common.eos(args.eos, loaded)
     max_len = common.context(target, None if args.autoregressive else draft)

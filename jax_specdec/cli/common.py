@@ -115,40 +115,41 @@ class Loaded(NamedTuple):
     target_dir: pathlib.Path
 
 
-def load_pair(target: str, draft: str) -> Loaded:
+def load_pair(target: str, draft: str, weights: bool = True) -> Loaded:
     """Loads --target and --draft (a model directory, a feature head's directory, an
     EAGLE-3 head's (speculators format or EAGLE-3 release) or "ngram"); a draft model's
-    tokenizer must be the target's, an EAGLE-3 head must read the target's layers."""
+    tokenizer must be the target's, an EAGLE-3 head must read the target's layers.
+    `weights=False` checks the same but reads no model tensor (`io.hf.load_model`):
+    the models come back abstract (heads, which are small, are read whole)."""
     from jax_specdec.io.hf import load_model, load_tokenizer
 
     target_dir = model_dir(target, "target")
     if draft == "ngram":  # model-free drafting (prompt lookup)
         from jax_specdec.decode import NGram
 
-        return Loaded(load_model(target_dir), NGram(), load_tokenizer(target_dir), target_dir)
+        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
+        return Loaded(model, NGram(), tokenizer, target_dir)
     draft_dir = model_dir(draft, "draft")
     if (draft_dir / "head_config.json").is_file():  # a feature head: drafts from its features
         from jax_specdec.decode.head_drafter import attach_head
 
-        model, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
+        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
         return Loaded(model, attach_head(draft_dir, model, tokenizer), tokenizer, target_dir)
     from jax_specdec.io import speculators
 
     if speculators.is_speculators(draft_dir) or speculators.is_eagle3_release(draft_dir):
         from jax_specdec.decode.eagle3_drafter import attach_eagle3
 
-        model, tokenizer = load_model(target_dir), load_tokenizer(target_dir)
-        _, head = attach_eagle3(draft_dir, model)
-        return Loaded(model, head, tokenizer, target_dir)
+        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
+        return Loaded(model, attach_eagle3(draft_dir, model)[1], tokenizer, target_dir)
     target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
     if target_tok is None:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json")
     if draft_tok is not None and draft_tok != target_tok:
         where = draft_dir if draft_dir.is_file() else draft_dir / "tokenizer.json"
         raise ValueError(f"the draft's tokenizer ({where}) differs from the target's")
-    return Loaded(
-        load_model(target_dir), load_model(draft_dir), load_tokenizer(target_dir), target_dir
-    )
+    model, draft_model = (load_model(d, weights=weights) for d in (target_dir, draft_dir))
+    return Loaded(model, draft_model, load_tokenizer(target_dir), target_dir)
 
 
 def context(target, draft) -> int:

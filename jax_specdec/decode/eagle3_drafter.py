@@ -65,5 +65,5 @@ def attach_eagle3(
     check_target(config, target.config)
     layers = config.aux_layer_ids or default_aux_layer_ids(target.config.num_layers)
     check_vocab_map(head, target.config.vocab_size, "the EAGLE-3 head")
-    embed = head.embed[...] if head.embed is not None else target.embed[...]
+    embed = head.embed[...] if head.embed is not None else target.embed.get_value()
     return Eagle3Drafter(feature_layers=tuple(layers)), AttachedHead(head, embed)

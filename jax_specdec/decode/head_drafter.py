@@ -72,7 +72,7 @@ def attach_head(head: FeatureHead | str | os.PathLike, target: Transformer, toke
     if tokenizer is not None and hc.tokenizer_sha256:
         if tokenizer_sha256(tokenizer) != hc.tokenizer_sha256:
             raise ValueError(f"{name} was trained with another tokenizer than the target's")
-    return AttachedHead(head, target.embed[...])
+    return AttachedHead(head, target.embed.get_value())
 
 
 def check_vocab_map(head, vocab_size: int, name: str) -> None:

@@ -175,12 +175,14 @@ def hf_tensors(path: Path_):
     return config, arch, read()
 
 
-def load_gguf_model(path: Path_, *, dtype=None) -> Transformer:
+def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transformer:
     """Load a `.gguf` file as a `Transformer`, every tensor dequantized into `dtype`.
 
     Args:
         path: the GGUF file.
         dtype: "float32" (default) or "bfloat16".
+        weights: False checks the file but reads no tensor (an abstract model, as
+            `io.hf.load_model(weights=False)`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -191,6 +193,8 @@ def load_gguf_model(path: Path_, *, dtype=None) -> Transformer:
     config = config.replace(dtype=_dtype_name(dtype or "float32"))
     config = config.replace(param_dtype=config.dtype)
     converts = {name: convert for name, _, convert in hf_entries(config, arch)}
+    if not weights:
+        return build_model(config, None)
     return build_model(config, (converts[name](w) for name, w in tensors))
 
 

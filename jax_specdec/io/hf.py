@@ -52,7 +52,9 @@ Path_ = str | os.PathLike
 # ------------------------------------------------------------------------- loading
 
 
-def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transformer:
+def load_model(
+    path: Path_, *, dtype: str | jnp.dtype | None = None, weights: bool = True
+) -> Transformer:
     """Load a Hugging Face model directory (safetensors weights) as a `Transformer`.
 
     Args:
@@ -60,9 +62,13 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
             model.safetensors.index.json), or a `.gguf` file (see `jax_specdec.io.gguf`).
         dtype: "float32" or "bfloat16" for parameters and activations; None keeps
             bfloat16 checkpoints in bfloat16 and loads everything else as float32.
+        weights: False checks the files as for a load (config, tensor names and shapes)
+            but reads no tensor: for a process that needs only the model's config and
+            shapes, such as a Ray job's driver.
 
     Returns:
-        The model, with every parameter read from the checkpoint.
+        The model, with every parameter read from the checkpoint (`weights=False`: every
+        parameter a `jax.ShapeDtypeStruct`).
 
     Raises:
         FileNotFoundError: the directory, config.json or a weight file is missing.
@@ -72,7 +78,7 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
     if is_gguf(path):
         from jax_specdec.io.gguf import load_gguf_model
 
-        return load_gguf_model(path, dtype=dtype)
+        return load_gguf_model(path, dtype=dtype, weights=weights)
     directory = _directory(path)
     if dtype is not None:
         _dtype_name(dtype)  # refused before the config is read, in words of its own
@@ -94,7 +100,7 @@ def load_model(path: Path_, *, dtype: str | jnp.dtype | None = None) -> Transfor
                 raw = handle.get(_stored_name(handle, name))
             yield convert(raw)
 
-    return build_model(config, read())
+    return build_model(config, read() if weights else None)
 
 
 def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple[int, ...]]]:

@@ -98,14 +98,19 @@ def _llama_entries(c: TransformerConfig) -> list[Entry]:
     return entries
 
 
-def build_model(config: TransformerConfig, parts: Iterable[dict[tuple, np.ndarray]]) -> Transformer:
+def build_model(
+    config: TransformerConfig, parts: Iterable[dict[tuple, np.ndarray]] | None
+) -> Transformer:
     """A `Transformer` built abstractly, then filled from `parts`.
 
     Each part maps parameter paths (as in `nnx.to_flat_state`) to host arrays; it is
     cast to the parameter dtype as it arrives, so only one host tensor lives at a time
-    when `parts` is a generator. Every parameter must be covered exactly once.
+    when `parts` is a generator. Every parameter must be covered exactly once. `parts`
+    None returns the abstract model (every parameter a `jax.ShapeDtypeStruct`).
     """
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    if parts is None:
+        return abstract
     graphdef, abstract_state = nnx.split(abstract)
     targets = dict(nnx.to_flat_state(abstract_state))
     values: dict[tuple, jax.Array] = {}

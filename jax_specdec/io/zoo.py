@@ -45,7 +45,6 @@ class ZooModel:
     sha256: str  # of the model file
     size: int  # of the model file, in bytes
     hub_id: str  # the original model on the Hugging Face Hub (heads name it as verifier)
-    architectures: tuple[str, ...]  # its transformers architectures
 
     @property
     def filename(self) -> str:
@@ -67,7 +66,6 @@ MODELS = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98362432,
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        architectures=("LlamaForCausalLM",),
     ),
 }
 

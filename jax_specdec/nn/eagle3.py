@@ -27,17 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_specdec.nn.attention import (
-    cached_attention,
-    heads_first,
-    live_index,
-    live_sizes,
-    position_bytes,
-    rope,
-)
+from jax_specdec.nn.attention import heads_first
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
-from jax_specdec.nn.feature_head import previous_features, unrolled_parts
+from jax_specdec.nn.feature_head import decode_layers, previous_features, unrolled_parts
 from jax_specdec.nn.products import matmul
 from jax_specdec.nn.transformer import Attention, Dense, Mlp, Norm
 
@@ -147,36 +140,6 @@ class Eagle3Config:
         return dataclasses.replace(self, **overrides)
 
 
-class Eagle3Attention(Attention):
-    """`Attention` whose q, k and v read `d_in` inputs, with per-head RMSNorms on q and
-    k before the rotary embedding when `qk_norm` (a Qwen3 layer)."""
-
-    def __init__(self, config: TransformerConfig, *, d_in: int, qk_norm: bool, keys, scale):
-        super().__init__(config, keys=keys, scale=scale)
-        c = config
-        if d_in != c.d_model:
-            q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-            b = c.qkv_bias
-            self.q = Dense(d_in, q_out, bias=b, config=c, key=keys[0], scale=scale)
-            self.k = Dense(d_in, kv_out, bias=b, config=c, key=keys[1], scale=scale)
-            self.v = Dense(d_in, kv_out, bias=b, config=c, key=keys[2], scale=scale)
-        per_head = c.replace(d_model=c.head_dim)
-        self.q_norm = Norm(per_head) if qk_norm else None
-        self.k_norm = Norm(per_head) if qk_norm else None
-
-    def project(self, x: jax.Array, positions: jax.Array):
-        """x [B, T, d_in] -> q [B, T, H, hd], k and v [B, T, K, hd] (positions applied)."""
-        c = self.config
-        B, T, _ = x.shape
-        q = self.q(x).reshape(B, T, c.num_heads, c.head_dim)
-        k = self.k(x).reshape(B, T, c.num_kv_heads, c.head_dim)
-        v = self.v(x).reshape(B, T, c.num_kv_heads, c.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        rotated = (rope(t, positions, c.rope_theta, c.rope_scaling) for t in (q, k))
-        return *rotated, v
-
-
 class Eagle3Layer(nnx.Module):
     """A decoder layer; the first one (`first`) reads [embedding; hidden] (2H)."""
 
@@ -187,7 +150,7 @@ class Eagle3Layer(nnx.Module):
         self.hidden_norm = Norm(c) if first else None
         d_in = 2 * c.d_model if first else c.d_model
         qk_norm = config.style == "qwen3"
-        self.attn = Eagle3Attention(c, d_in=d_in, qk_norm=qk_norm, keys=keys[:4], scale=scale)
+        self.attn = Attention(c, d_in=d_in, qk_norm=qk_norm, keys=keys[:4], scale=scale)
         self.mlp_norm = Norm(c)  # post_attention_layernorm
         self.mlp = Mlp(c, keys=keys[4:], scale=scale)
         self.norm_before_residual = config.norm_before_residual
@@ -324,30 +287,18 @@ class Eagle3Head(nnx.Module):
           the new hidden states [B, T, H] (what `logits` reads and a next draft step is
           fed), and per layer the new keys and values [B, T, K, hd].
         """
-        T = tokens.shape[1]
-        positions = jnp.asarray(start).astype(jnp.int32)
-        if positions.ndim == 1:
-            positions = positions[:, None] + jnp.arange(T, dtype=jnp.int32)
-        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
-        index = live_index(cache.lengths, sizes)
-        own = jnp.tril(jnp.ones((T, T), bool))[None] if own is None else own
-        recent = [(rk, rv, ok if ok.ndim == 3 else ok[:, None]) for rk, rv, ok in recent]
         x = self._hidden(hidden)
         embeds = self._embedding(embed)[tokens].astype(x.dtype)
-        keys, values = [], []
-        for i, layer in enumerate(self.layers):
-            residual, inputs = layer.attention_input(x, embeds)
-            q, k, v = layer.attn.project(inputs, positions)
-            others = [(heads_first(rk[i]), heads_first(rv[i]), ok) for rk, rv, ok in recent]
-            others.append((heads_first(k), heads_first(v), own))
-            attended = cached_attention(
-                q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
-            )
-            x = residual + layer.attn.output(attended)
-            x = x + layer.mlp(layer.mlp_norm(x))
-            keys.append(k)
-            values.append(v)
-        return (self.norm(x) if self.config.norm_output else x), tuple(keys), tuple(values)
+        x, keys, values = decode_layers(
+            self.layers,
+            x,
+            lambda layer, x: layer.attention_input(x, embeds),
+            cache,
+            start,
+            recent,
+            own,
+        )
+        return (self.norm(x) if self.config.norm_output else x), keys, values
 
     def decode(self, hidden, tokens, cache: KVCache, *, embed=None):
         """T entries per row appended at positions cache.lengths[b] + t.

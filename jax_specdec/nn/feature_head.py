@@ -110,6 +110,35 @@ def previous_features(features: jax.Array) -> jax.Array:
     return jnp.pad(features[:, :-1], ((0, 0), (1, 0), (0, 0)))
 
 
+def decode_layers(layers, x, attention_input, cache: KVCache, start, recent=(), own=None):
+    """A head's decoder `layers` over T new entries `x` [B, T, ·] at positions start[b] + t
+    (or start [B, T]), attending to the cache's live entries, the `recent` ones and, per
+    `own` (None: causal), each other. `attention_input(layer, x)` is (residual, the
+    attention's input). Returns x [B, T, H] and per layer the new keys and values."""
+    T = x.shape[1]
+    positions = jnp.asarray(start).astype(jnp.int32)
+    if positions.ndim == 1:
+        positions = positions[:, None] + jnp.arange(T, dtype=jnp.int32)
+    sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
+    index = live_index(cache.lengths, sizes)
+    own = jnp.tril(jnp.ones((T, T), bool))[None] if own is None else own
+    recent = [(rk, rv, ok if ok.ndim == 3 else ok[:, None]) for rk, rv, ok in recent]
+    keys, values = [], []
+    for i, layer in enumerate(layers):
+        residual, inputs = attention_input(layer, x)
+        q, k, v = layer.attn.project(inputs, positions)
+        others = [(heads_first(rk[i]), heads_first(rv[i]), ok) for rk, rv, ok in recent]
+        others.append((heads_first(k), heads_first(v), own))
+        attended = cached_attention(
+            q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
+        )
+        x = residual + layer.attn.output(attended)
+        x = x + layer.mlp(layer.mlp_norm(x))
+        keys.append(k)
+        values.append(v)
+    return x, tuple(keys), tuple(values)
+
+
 def unrolled_parts(earlier, layer: int, k: jax.Array, v: jax.Array):
     """The key/value parts (k, v, mask) that pass s + 1 = len(earlier) + 1 of a head's
     `unrolled` attends to in `layer`, its own keys k, v [B, K, T, hd]: pass 1's keys
@@ -225,25 +254,8 @@ class FeatureHead(nnx.Module):
           [B, T, K, hd]. Logits are the caller's (`logits`), for the entries it drafts
           from only: the LM head is most of a draft step's weights.
         """
-        T = tokens.shape[1]
-        positions = start.astype(jnp.int32)
-        if positions.ndim == 1:
-            positions = positions[:, None] + jnp.arange(T, dtype=jnp.int32)
-        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
-        index = live_index(cache.lengths, sizes)
-        own = jnp.tril(jnp.ones((T, T), bool))[None] if own is None else own
-        recent = [(rk, rv, ok if ok.ndim == 3 else ok[:, None]) for rk, rv, ok in recent]
         x = self._inputs(prev_features, tokens, embed)
-        keys, values = [], []
-        for i, block in enumerate(self.blocks):
-            q, k, v = block.attn.project(block.attn_norm(x), positions)
-            others = [(heads_first(rk[i]), heads_first(rv[i]), ok) for rk, rv, ok in recent]
-            others.append((heads_first(k), heads_first(v), own))
-            attended = cached_attention(
-                q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
-            )
-            x = x + block.attn.output(attended)
-            x = x + block.mlp(block.mlp_norm(x))
-            keys.append(k)
-            values.append(v)
-        return self.norm(x), tuple(keys), tuple(values)
+        x, keys, values = decode_layers(
+            self.blocks, x, lambda block, x: (x, block.attn_norm(x)), cache, start, recent, own
+        )
+        return self.norm(x), keys, values

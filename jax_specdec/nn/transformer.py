@@ -72,39 +72,32 @@ class Norm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, keys, scale):
+    """Multi-head attention's projections. q, k and v read `d_in` inputs (default the
+    model width; an EAGLE-3 head's first layer reads 2 × d_model); `qk_norm` adds
+    per-head RMSNorms on q and k before the rotary embedding (a Qwen3 layer)."""
+
+    def __init__(self, config: TransformerConfig, *, keys, scale, d_in=None, qk_norm=False):
         c = config
         self.config = c
-        self.q = Dense(
-            c.d_model, c.num_heads * c.head_dim, bias=c.qkv_bias, config=c, key=keys[0], scale=scale
-        )
-        self.k = Dense(
-            c.d_model,
-            c.num_kv_heads * c.head_dim,
-            bias=c.qkv_bias,
-            config=c,
-            key=keys[1],
-            scale=scale,
-        )
-        self.v = Dense(
-            c.d_model,
-            c.num_kv_heads * c.head_dim,
-            bias=c.qkv_bias,
-            config=c,
-            key=keys[2],
-            scale=scale,
-        )
-        self.o = Dense(
-            c.num_heads * c.head_dim, c.d_model, bias=c.out_bias, config=c, key=keys[3], scale=scale
-        )
+        d_in = c.d_model if d_in is None else d_in
+        q_out, kv_out, b = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.qkv_bias
+        self.q = Dense(d_in, q_out, bias=b, config=c, key=keys[0], scale=scale)
+        self.k = Dense(d_in, kv_out, bias=b, config=c, key=keys[1], scale=scale)
+        self.v = Dense(d_in, kv_out, bias=b, config=c, key=keys[2], scale=scale)
+        self.o = Dense(q_out, c.d_model, bias=c.out_bias, config=c, key=keys[3], scale=scale)
+        per_head = c.replace(d_model=c.head_dim)
+        self.q_norm = Norm(per_head) if qk_norm else None
+        self.k_norm = Norm(per_head) if qk_norm else None
 
     def project(self, x: jax.Array, positions: jax.Array):
-        """x [B, T, D] -> q [B, T, H, hd], k and v [B, T, K, hd] (positions applied)."""
+        """x [B, T, d_in] -> q [B, T, H, hd], k and v [B, T, K, hd] (positions applied)."""
         c = self.config
         B, T, _ = x.shape
         q = self.q(x).reshape(B, T, c.num_heads, c.head_dim)
         k = self.k(x).reshape(B, T, c.num_kv_heads, c.head_dim)
         v = self.v(x).reshape(B, T, c.num_kv_heads, c.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if c.position == "rope":
             q = rope(q, positions, c.rope_theta, c.rope_scaling)
             k = rope(k, positions, c.rope_theta, c.rope_scaling)

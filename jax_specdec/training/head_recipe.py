@@ -256,7 +256,7 @@ def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Confi
     for i in ids:
         if not 0 <= i <= tc.num_layers:
             raise ValueError(f"aux layer {i} is not a layer id of the target (0 … {tc.num_layers})")
-    verifier = verifier_of(target_name)
+    verifier = verifier_of(target_name, tc)
     return Eagle3Config(
         layer=tc.replace(num_layers=1 if layers is None else layers, tie_embeddings=False),
         draft_vocab_size=8192 if kept is None else kept,
@@ -267,19 +267,25 @@ def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Confi
     )
 
 
-def verifier_of(target_name: str) -> tuple[str, tuple[str, ...]]:
+def verifier_of(target_name: str, config) -> tuple[str, tuple[str, ...]]:
     """How an EAGLE-3 head's `speculators` config names its target (what vLLM loads as
-    the verifier): a zoo model by its Hugging Face id and architectures, a Hugging Face
-    directory by its path and its config's architectures, anything else as given."""
+    the verifier): a zoo model by its Hugging Face id, a Hugging Face directory by its
+    absolute path, anything else as given; the architectures are those of the target's
+    `config` as a Hugging Face config.json (a directory's own where it states them)."""
     from jax_specdec.io import zoo
+    from jax_specdec.io.hf_config import config_to_hf
 
+    try:
+        architectures = tuple(config_to_hf(config)["architectures"])
+    except ValueError:  # a layout transformers has no class for
+        architectures = ()
     if target_name in zoo.MODELS:
-        model = zoo.MODELS[target_name]
-        return model.hub_id, model.architectures
-    config = pathlib.Path(target_name, "config.json")
-    if config.is_file():
-        return target_name, tuple(json.loads(config.read_text()).get("architectures") or ())
-    return target_name, ()
+        return zoo.MODELS[target_name].hub_id, architectures
+    path = pathlib.Path(target_name, "config.json")
+    if path.is_file():
+        stated = json.loads(path.read_text()).get("architectures")
+        return str(path.parent.resolve()), tuple(stated or architectures)
+    return target_name, architectures
 
 
 def _head_config(target, tokenizer, init, kept, layers, target_name) -> FeatureHeadConfig:
