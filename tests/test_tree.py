@@ -312,6 +312,26 @@ def test_static_shapes_grow_where_the_walk_goes():
         static_shape(4, 1, 3)
 
 
+def test_recursive_rejection_tests_the_walked_nodes_children_only():
+    """accept_rsd's program has the same size for 8 and 32 nodes: it tests the children of
+    the node walked to, not every node at every depth (which cost 64 passes over the
+    vocabulary per round for a tree of 8 nodes and depth 8)."""
+    sampling = jax.tree.map(jnp.asarray, RowSampling.of([SamplingConfig(1.0)] * 2))
+    sizes = []
+    for nodes in (8, 32):
+        proposal = TreeProposal(
+            jnp.zeros((2, nodes), jnp.int32),
+            jnp.asarray([static_shape(nodes, 4, 8)] * 2, jnp.int32),
+            jnp.ones((2, nodes), bool),
+            jnp.zeros((2,), bool),
+            jnp.full((2, nodes + 1, 16), 1 / 16),
+        )
+        logits, draws = jnp.zeros((2, nodes + 1, 16)), jnp.zeros((2, nodes + 1, 2))
+        rule = functools.partial(accept_rsd, sampling=sampling, depth=4)
+        sizes.append(len(jax.make_jaxpr(rule)(logits, draws, proposal).eqns))
+    assert sizes[0] == sizes[1]
+
+
 @pytest.mark.slow
 def test_ngram_tree_samples_follow_the_target(target):
     sampling = SamplingConfig(1.0, top_k=4)

@@ -98,27 +98,20 @@ def accept_rsd(
     """The walk with recursive rejection (see the module docstring): logits [B, N + 1, V],
     draws [B, N + 1, 2] (per node: its final draw, its own test as a child),
     `proposal.probs` [B, N + 1, V] the q each node's children were drawn from. `reject`
-    (p, q, x, rows) -> (p, q) after a rejection: the exact one unless a test swaps it."""
+    (p, q, x, rows) -> (p, q) after a rejection: the exact one unless a test swaps it.
+
+    Only the children of the node walked to are tested, one sibling rank per step of a
+    loop that ends when every row has kept a child or run out of them: the work over the
+    vocabulary is the siblings tested on the walk's path, not every node at every depth."""
     reject = _reject if reject is None else reject
     p_all = sampling.probs(logits)
     q_all = proposal.probs.astype(jnp.float32)
-    batch, n = proposal.tokens.shape
-    rows = jnp.arange(batch)
-    at = jnp.zeros((batch,), jnp.int32)
-    alive = jnp.ones((batch,), bool)
+    rows = jnp.arange(proposal.tokens.shape[0])
+    at, alive = jnp.zeros_like(rows, jnp.int32), jnp.ones(rows.shape, bool)
     final = p_all[:, 0]
     path = [at]
     for _ in range(depth):
-        p, q = p_all[rows, at], q_all[rows, at]
-        found, chosen = jnp.zeros((batch,), bool), at
-        for v in range(1, n + 1):  # the children of `at`, in their drawing order
-            x = proposal.tokens[:, v - 1]
-            child = (proposal.parent[:, v - 1] == at) & proposal.valid[:, v - 1] & alive & ~found
-            kept = draws[:, v, 1] * q[rows, x] < p[rows, x]
-            found, chosen = found | (child & kept), jnp.where(child & kept, v, chosen)
-            new_p, new_q = reject(p, q, x, rows)
-            rejected = (child & ~kept)[:, None]
-            p, q = jnp.where(rejected, new_p, p), jnp.where(rejected, new_q, q)
+        found, chosen, p = _test_children(p_all, q_all, draws, proposal, at, alive, reject)
         final = jnp.where((alive & ~found)[:, None], p, final)  # stops here: its residual
         alive = alive & found
         at = jnp.where(found, chosen, at)
@@ -132,3 +125,32 @@ def accept_rsd(
     drafted = jnp.pad(walked, ((0, 0), (0, 1)))
     emitted = jnp.where(idx < accepted[:, None], drafted, last[:, None]).astype(jnp.int32)
     return TreeWalk(path, accepted, emitted)
+
+
+def _test_children(p_all, q_all, draws, proposal: TreeProposal, at, alive, reject):
+    """Recursive rejection over the children of node `at` [B] (rows where `alive`), in
+    their drawing order (increasing node number): (found [B], the kept child [B], p [B, V]
+    after the rejections: the residual to draw from where none was kept)."""
+    rows = jnp.arange(at.shape[0])
+    is_child = (proposal.parent == at[:, None]) & proposal.valid & alive[:, None]
+    rank = jnp.cumsum(is_child, axis=1) * is_child  # a child's place among its siblings, 1…
+    count = rank.max(axis=1)
+
+    def testing(carry):
+        j, found = carry[0], carry[1]
+        return ~found & (j < count)
+
+    def step(carry):
+        j, found, chosen, p, q = carry
+        on = testing(carry)
+        v = jnp.argmax(rank == j + 1, axis=1).astype(jnp.int32) + 1  # the (j+1)-th child
+        x = proposal.tokens[rows, v - 1]
+        kept = on & (draws[rows, v, 1] * q[rows, x] < p[rows, x])
+        new_p, new_q = reject(p, q, x, rows)
+        rejected = (on & ~kept)[:, None]
+        p, q = jnp.where(rejected, new_p, p), jnp.where(rejected, new_q, q)
+        return j + 1, found | kept, jnp.where(kept, v, chosen), p, q
+
+    start = (jnp.int32(0), jnp.zeros_like(alive), at, p_all[rows, at], q_all[rows, at])
+    _, found, chosen, p, _ = jax.lax.while_loop(lambda c: jnp.any(testing(c)), step, start)
+    return found, chosen, p
