@@ -101,22 +101,27 @@ def accept_rsd(
     (p, q, x, rows) -> (p, q) after a rejection: the exact one unless a test swaps it.
 
     Only the children of the node walked to are tested, one sibling rank per step of a
-    loop that ends when every row has kept a child or run out of them: the work over the
-    vocabulary is the siblings tested on the walk's path, not every node at every depth."""
+    loop that ends when every row has kept a child or run out of them, and p is made
+    only at the nodes walked to: the work over the vocabulary follows the walk's path
+    (its depth and the siblings tested), not the tree's size."""
     reject = _reject if reject is None else reject
-    p_all = sampling.probs(logits)
-    q_all = proposal.probs.astype(jnp.float32)
     rows = jnp.arange(proposal.tokens.shape[0])
+
+    def p_at(at):  # the target's p [B, V] at node at [B]
+        return sampling.probs(logits[rows, at])
+
     at, alive = jnp.zeros_like(rows, jnp.int32), jnp.ones(rows.shape, bool)
-    final = p_all[:, 0]
+    p = final = p_at(at)
     path = [at]
-    for _ in range(depth):
-        found, chosen, p = _test_children(p_all, q_all, draws, proposal, at, alive, reject)
+    for level in range(depth):
+        p = p if level == 0 else p_at(at)
+        q = proposal.probs[rows, at].astype(jnp.float32)
+        found, chosen, p = _test_children(p, q, draws, proposal, at, alive, reject)
         final = jnp.where((alive & ~found)[:, None], p, final)  # stops here: its residual
         alive = alive & found
         at = jnp.where(found, chosen, at)
         path.append(at)
-    final = jnp.where(alive[:, None], p_all[rows, at], final)  # walked to the end: a bonus
+    final = jnp.where(alive[:, None], p_at(at), final)  # walked to the end: a bonus
     path = jnp.stack(path, axis=1)
     accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
     last = sample_with_uniforms(draws[rows, at, 0], final)
@@ -127,10 +132,11 @@ def accept_rsd(
     return TreeWalk(path, accepted, emitted)
 
 
-def _test_children(p_all, q_all, draws, proposal: TreeProposal, at, alive, reject):
-    """Recursive rejection over the children of node `at` [B] (rows where `alive`), in
-    their drawing order (increasing node number): (found [B], the kept child [B], p [B, V]
-    after the rejections: the residual to draw from where none was kept)."""
+def _test_children(p, q, draws, proposal: TreeProposal, at, alive, reject):
+    """Recursive rejection over the children of node `at` [B] (rows where `alive`), with
+    p and q [B, V] there, in their drawing order (increasing node number): (found [B], the
+    kept child [B], p [B, V] after the rejections: the residual to draw from where none
+    was kept)."""
     rows = jnp.arange(at.shape[0])
     is_child = (proposal.parent == at[:, None]) & proposal.valid & alive[:, None]
     rank = jnp.cumsum(is_child, axis=1) * is_child  # a child's place among its siblings, 1…
@@ -151,6 +157,6 @@ def _test_children(p_all, q_all, draws, proposal: TreeProposal, at, alive, rejec
         p, q = jnp.where(rejected, new_p, p), jnp.where(rejected, new_q, q)
         return j + 1, found | kept, jnp.where(kept, v, chosen), p, q
 
-    start = (jnp.int32(0), jnp.zeros_like(alive), at, p_all[rows, at], q_all[rows, at])
+    start = (jnp.int32(0), jnp.zeros_like(alive), at, p, q)
     _, found, chosen, p, _ = jax.lax.while_loop(lambda c: jnp.any(testing(c)), step, start)
     return found, chosen, p
