@@ -120,7 +120,7 @@ _ancestors = jax.jit(ancestors, static_argnums=1)
 _depths = jax.jit(depths)
 _walk = jax.jit(walk, static_argnums=2)
 _trie = jax.jit(trie, static_argnums=2)
-_target_tokens = jax.jit(target_tokens)
+_target_tokens = jax.jit(lambda logits, draws, rows, at: target_tokens(logits, draws, rows)(at))
 
 
 def test_ancestors_and_depths_of_a_known_tree():
@@ -177,10 +177,13 @@ def test_walk_matches_a_numpy_reference():
 def test_target_tokens_draw_each_node_from_its_own_p():
     logits = jnp.log(jnp.asarray([[[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]]]))
     draws = jnp.asarray([[0.6, 0.1]])
-    rows = lambda t: RowSampling.of([SamplingConfig(t)])  # noqa: E731
-    y = _target_tokens(logits, draws, rows(1.0))
-    assert np.asarray(y).tolist() == [[1, 1]]  # inverse CDF: 0.6 -> 1; 0.1 -> 1
-    assert np.asarray(_target_tokens(logits, draws, rows(0.0))).tolist() == [[0, 2]]
+
+    def y(temperature):  # the target's token at nodes 0 and 1
+        rows = RowSampling.of([SamplingConfig(temperature)])
+        return [int(_target_tokens(logits, draws, rows, jnp.asarray([v]))[0]) for v in (0, 1)]
+
+    assert y(1.0) == [1, 1]  # inverse CDF: 0.6 -> 1; 0.1 -> 1
+    assert y(0.0) == [0, 2]
 
 
 def test_trie_merges_shared_prefixes_and_cuts_at_its_size():

@@ -140,37 +140,43 @@ def tree_draws(keys, nodes: int, sampling: RowSampling, batch: int) -> jax.Array
     return jax.vmap(lambda k: jax.random.uniform(k, (nodes + 1, 2), jnp.float32))(keys)
 
 
-def target_tokens(logits: jax.Array, draws: jax.Array, sampling: RowSampling) -> jax.Array:
-    """y [B, N + 1]: the target's token at every node from its logits [B, N + 1, V] (the
-    argmax under greedy decoding, else inverse CDF of p with the node's draw, draws
-    [B, N + 1])."""
-    if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    p = sampling.probs(logits)
-    flat = sample_with_uniforms(draws.reshape(-1), p.reshape(-1, p.shape[-1]))
-    return flat.reshape(draws.shape)
+def target_tokens(logits: jax.Array, draws: jax.Array, sampling: RowSampling):
+    """The target's token at nodes at [B] as a function (what `walk` takes), from its
+    logits [B, N + 1, V] and the nodes' draws [B, N + 1]: the argmax under greedy
+    decoding, else inverse CDF of p with the node's draw; p is made at the nodes asked
+    for only (the walked ones), not at every node."""
+    rows = jnp.arange(logits.shape[0])
+
+    def token_at(at):
+        if sampling.greedy:
+            return jnp.argmax(logits[rows, at], axis=-1).astype(jnp.int32)
+        return sample_with_uniforms(draws[rows, at], sampling.probs(logits[rows, at]))
+
+    return token_at
 
 
-def walk(proposal: TreeProposal, y: jax.Array, depth: int) -> TreeWalk:
-    """The walk from the root (see the module docstring) given the target's token y
-    [B, N + 1] at every node; at most `depth` steps."""
-    batch = y.shape[0]
-    rows = jnp.arange(batch)
+def walk(proposal: TreeProposal, y, depth: int) -> TreeWalk:
+    """The walk from the root (see the module docstring) given the target's token at
+    every node: y [B, N + 1], or a function of nodes at [B] -> the tokens there [B] (so
+    that only the nodes walked to are drawn); at most `depth` steps."""
+    rows = jnp.arange(proposal.tokens.shape[0])
+    token_at = y if callable(y) else (lambda at: y[rows, at])
     parent = proposal.parent.astype(jnp.int32)
-    at = jnp.zeros((batch,), jnp.int32)
-    alive = jnp.ones((batch,), bool)
-    path = [at]
+    at = jnp.zeros(rows.shape, jnp.int32)
+    alive = jnp.ones(rows.shape, bool)
+    path, emitted = [at], []
     for _ in range(depth):
-        wanted = y[rows, at]
+        wanted = token_at(at)
+        emitted.append(wanted)
         match = (parent == at[:, None]) & proposal.valid & (proposal.tokens == wanted[:, None])
         found = alive & jnp.any(match, axis=1)
         at = jnp.where(found, jnp.argmax(match, axis=1).astype(jnp.int32) + 1, at)
         alive = found
         path.append(at)
+    emitted.append(token_at(at))
     path = jnp.stack(path, axis=1)
     accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
-    emitted = jnp.take_along_axis(y, path, axis=1)
-    return TreeWalk(path, accepted, emitted)
+    return TreeWalk(path, accepted, jnp.stack(emitted, axis=1).astype(jnp.int32))
 
 
 def gather_nodes(x: Any, path: jax.Array) -> Any:
