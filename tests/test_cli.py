@@ -11,6 +11,7 @@ from helpers import cli_refusal
 
 from jax_specdec import SamplingConfig, speculative_generate
 from jax_specdec.cli import main
+from jax_specdec.cli.common import context, load_pair
 from jax_specdec.io.hf import load_model, load_tokenizer
 
 
@@ -171,6 +172,10 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     head = FeatureHead(config, rngs=nnx.Rngs(2), init_scale=0.3)
     head.vocab_map.set_value(np.arange(64, dtype=np.int32) * 3)
     save_head(head, tmp_path / "head")
+    # as a Ray job's driver loads it: the head attached to the target's shapes only
+    shapes = load_pair(str(pair / "target"), str(tmp_path / "head"), weights=False)
+    assert isinstance(shapes.draft.embed.get_value(), jax.ShapeDtypeStruct)
+    assert context(shapes.target, shapes.draft) == context(target, shapes.draft)
     out = tmp_path / "sweep"
     extra = ["--explore", "1", "--trees", "4:2:2"]
     table, results = sweep(pair / "target", tmp_path / "head", out, "0", capsys, extra)

@@ -192,9 +192,9 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transfo
     config, arch, tensors = hf_tensors(path)
     config = config.replace(dtype=_dtype_name(dtype or "float32"))
     config = config.replace(param_dtype=config.dtype)
-    converts = {name: convert for name, _, convert in hf_entries(config, arch)}
     if not weights:
         return build_model(config, None)
+    converts = {name: convert for name, _, convert in hf_entries(config, arch)}
     return build_model(config, (converts[name](w) for name, w in tensors))
 
 
