@@ -27,10 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_specdec.nn.attention import heads_first
 from jax_specdec.nn.cache import KVCache, write_entries
 from jax_specdec.nn.config import TransformerConfig
-from jax_specdec.nn.feature_head import decode_layers, previous_features, unrolled_parts
+from jax_specdec.nn.feature_head import decode_layers, previous_features, unrolled_pass
 from jax_specdec.nn.products import matmul
 from jax_specdec.nn.transformer import Attention, Dense, Mlp, Norm
 
@@ -246,20 +245,12 @@ class Eagle3Head(nnx.Module):
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         embeds = self._embedding(embed)[tokens]
         earlier, out, prev = [], [], prev_features  # earlier[m][layer] = (k, v)
         for _ in range(steps):
             x = self._hidden(prev)
-            this = []
-            for i, layer in enumerate(self.layers):
-                residual, inputs = layer.attention_input(x, embeds.astype(x.dtype))
-                q, k, v = layer.attn.project(inputs, positions)
-                k, v = heads_first(k), heads_first(v)
-                this.append((k, v))
-                x = residual + layer.attn.attend(q, unrolled_parts(earlier, i, k, v))
-                x = x + layer.mlp(layer.mlp_norm(x))
+            inputs = lambda layer, x: layer.attention_input(x, embeds.astype(x.dtype))  # noqa: E731
+            x, this = unrolled_pass(self.layers, x, inputs, earlier)
             earlier.append(this)
             hidden = self.norm(x) if self.config.norm_output else x
             out.append((self.logits(hidden), hidden))

@@ -151,6 +151,24 @@ def unrolled_parts(earlier, layer: int, k: jax.Array, v: jax.Array):
     return parts + ([(k, v, (cols == rows)[None])] if s else [])
 
 
+def unrolled_pass(layers, x, attention_input, earlier):
+    """Pass s + 1 = len(earlier) + 1 of a head's `unrolled` (training, no cache): its
+    decoder `layers` over x [B, T, ·] at positions 0 … T − 1, attending as
+    `unrolled_parts` says; `attention_input(layer, x)` is (residual, the attention's
+    input). Returns x [B, T, H] and this pass's keys and values per layer."""
+    B, T = x.shape[:2]
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    this = []
+    for i, layer in enumerate(layers):
+        residual, inputs = attention_input(layer, x)
+        q, k, v = layer.attn.project(inputs, positions)
+        k, v = heads_first(k), heads_first(v)
+        this.append((k, v))
+        x = residual + layer.attn.attend(q, unrolled_parts(earlier, i, k, v))
+        x = x + layer.mlp(layer.mlp_norm(x))
+    return x, this
+
+
 class FeatureHead(nnx.Module):
     """FC (2D -> D), decoder layers, norm; logits over the K kept tokens."""
 
@@ -214,18 +232,10 @@ class FeatureHead(nnx.Module):
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         earlier, out, prev = [], [], prev_features  # earlier[m][layer] = (k, v)
         for _ in range(steps):
             x = self._inputs(prev, tokens, embed)
-            this = []
-            for i, block in enumerate(self.blocks):
-                q, k, v = block.attn.project(block.attn_norm(x), positions)
-                k, v = heads_first(k), heads_first(v)
-                this.append((k, v))
-                x = x + block.attn.attend(q, unrolled_parts(earlier, i, k, v))
-                x = x + block.mlp(block.mlp_norm(x))
+            x, this = unrolled_pass(self.blocks, x, lambda b, x: (x, b.attn_norm(x)), earlier)
             earlier.append(this)
             predicted = self.norm(x)
             out.append((self.logits(predicted), predicted))
