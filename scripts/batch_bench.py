@@ -3,8 +3,8 @@ several batch sizes, each measured after a warm-up pass that compiles its progra
 
     python scripts/batch_bench.py [--rows 64] [--batches 8,32,64] [--max-new-tokens 64]
 
-Writes scripts/experiments/batch_bench/batch_bench.json (or --out) and prints a markdown
-table. Run from the repository root.
+Writes bench_out/batch_bench.json (git-ignored; or --out) and prints a markdown table.
+Run from the repository root.
 """
 
 import json

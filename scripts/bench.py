@@ -4,8 +4,8 @@
     python scripts/bench.py --preset tiny        # seconds, for a smoke test
     python scripts/bench.py --target models/x --draft models/y   # any HF model directories
 
-Writes <out>/bench.json and <out>/bench.md (default out: scripts/experiments/bench; run from
-the repository root). docs/performance.md reads the figures.
+Writes <out>/bench.json and <out>/bench.md (default out: bench_out/bench, git-ignored; run
+from the repository root). docs/performance.md reads the figures.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    out = pathlib.Path("scripts/experiments/bench")
+    out = pathlib.Path("bench_out/bench")
     parser.add_argument("--out", type=pathlib.Path, default=out)
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None):

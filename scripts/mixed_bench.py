@@ -9,9 +9,8 @@ Settings in turn by row: greedy, T = 0.7, T = 1 with top-p 0.9, T = 1 with top-k
 (`--settings 4t`: temperatures 0.5, 0.7, 0.9, 1; `16`: temperatures 0, 0.1, …, 1.5);
 budgets geometric (mean 32, cap 256, as a workload ended by EOS). Both ways run once
 (compiling: its seconds are recorded), then interleaved `--repeats` times; tokens/s and
-slot occupancy, medians. Writes
-scripts/experiments/mixed_bench/mixed_bench.json (or --out) and prints a markdown table.
-Run from the repository root.
+slot occupancy, medians. Writes bench_out/mixed_bench.json (git-ignored; or --out) and
+prints a markdown table. Run from the repository root.
 """
 
 import json

@@ -5,13 +5,15 @@
 
 Writes models/prompts.txt (benchmark prompts from the validation files, one per line,
 newlines escaped as \\n), models/stdlib-{target,draft}/README.md and
-scripts/experiments/shipped_pair/shipped_pair.{json,md}: validation losses, α
-before/after distillation, and the greedy speedup over autoregressive decoding at
-batch 1 with its cost-model breakdown (docs/drafters.md quotes them).
+<out>/shipped_pair.{json,md} (default out: bench_out/shipped_pair, git-ignored):
+validation losses, α before/after distillation, and the greedy speedup over
+autoregressive decoding at batch 1 with its cost-model breakdown (docs/drafters.md
+quotes them).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
@@ -29,7 +31,7 @@ from jax_specdec.training.lm_recipe import benchmark_prompts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
-FIGURES = ROOT / "scripts" / "experiments" / "shipped_pair"
+OUT = ROOT / "bench_out" / "shipped_pair"
 GAMMAS = (1, 2, 3, 4, 6)
 NUM_PROMPTS = 8
 MAX_NEW = 128
@@ -63,7 +65,7 @@ def _layers(n: int) -> str:
     return f"{n} layer" + "s" * (n > 1)
 
 
-def _write_pair_doc(figures: dict, d_info: dict) -> tuple[str, str]:
+def _write_pair_doc(out: pathlib.Path, figures: dict, d_info: dict) -> tuple[str, str]:
     """shipped_pair.md from the measured figures; returns its two tables."""
     speed_md = markdown_table(
         ["γ", "speedup", "predicted", "α", "tokens/round", "verify ms", "round parts ms"],
@@ -79,7 +81,7 @@ def _write_pair_doc(figures: dict, d_info: dict) -> tuple[str, str]:
         a = {x["temperature"]: x["alpha"] for x in d_info[key]}
         alphas.append([label, f"{a[0.0]:.3f}", f"{a[1.0]:.3f}"])
     alpha_md = markdown_table(["draft", "α greedy", "α temperature 1"], alphas)
-    (FIGURES / "shipped_pair.md").write_text(
+    (out / "shipped_pair.md").write_text(
         f"# The shipped pair, measured\n\nGreedy, batch 1, {figures['prompts']} prompts from "
         f"`models/prompts.txt`, {figures['max_new_tokens']} new tokens each; target decode "
         f"step {figures['target_step_ms']:.2f} ms, draft step {figures['draft_step_ms']:.3f} ms "
@@ -91,11 +93,15 @@ def _write_pair_doc(figures: dict, d_info: dict) -> tuple[str, str]:
     return speed_md, alpha_md
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=pathlib.Path, default=OUT, help="(default: %(default)s)")
+    p.add_argument("--from-json", action="store_true", help="<out>/shipped_pair.md again")
+    args = p.parse_args(argv)
     target_dir, draft_dir = MODELS / "stdlib-target", MODELS / "stdlib-draft"
-    if "--from-json" in sys.argv[1:]:
-        figures = json.loads((FIGURES / "shipped_pair.json").read_text())
-        _write_pair_doc(figures, json.loads((draft_dir / "training.json").read_text()))
+    if args.from_json:
+        figures = json.loads((args.out / "shipped_pair.json").read_text())
+        _write_pair_doc(args.out, figures, json.loads((draft_dir / "training.json").read_text()))
         return 0
     target, draft = load_model(target_dir), load_model(draft_dir)
     tokenizer = load_tokenizer(target_dir)
@@ -149,9 +155,9 @@ def main() -> int:
         "prompts": NUM_PROMPTS,
         "max_new_tokens": MAX_NEW,
     }
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    (FIGURES / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
-    speed_md, alpha_md = _write_pair_doc(figures, d_info)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
+    speed_md, alpha_md = _write_pair_doc(args.out, figures, d_info)
     corpus_line = (
         f"the .py files of the Python {t_info['corpus']['python_version']} standard library "
         f"(tests, IDLE, tkinter, lib2to3 excluded): {t_info['corpus']['train_files']} training "

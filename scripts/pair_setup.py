@@ -1,6 +1,6 @@
 """What the throughput benchmarks of the shipped pair (`batch_bench.py`, `slots_bench.py`)
 share: the command line's `--out`, the pair, its tokenizer and prompts (the CLI's
-defaults under models/), and the result file, written under scripts/experiments/ unless
+defaults under models/), and the result file, written under bench_out/ (git-ignored) unless
 `--out` says otherwise. Run the benchmarks from the repository root."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pathlib
 from jax_specdec.cli.common import DEFAULT_DRAFT, DEFAULT_PROMPTS, DEFAULT_TARGET, read_prompts
 from jax_specdec.io.hf import load_model, load_tokenizer
 
-EXPERIMENTS = pathlib.Path("scripts/experiments")
+OUT = pathlib.Path("bench_out")
 
 
 def parser(doc: str, name: str) -> argparse.ArgumentParser:
     """The benchmark's parser (its docstring's first line) with `--out`, by default
-    scripts/experiments/<name>/<name>.json."""
+    bench_out/<name>.json."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    default = EXPERIMENTS / name / f"{name}.json"
+    default = OUT / f"{name}.json"
     p.add_argument("--out", type=pathlib.Path, default=default, help=f"(default: {default})")
     return p
 

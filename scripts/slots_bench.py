@@ -9,8 +9,8 @@ its slowest row is done), autoregressive and speculative, on two workloads:
 
 Each program is compiled (and run once) before timing; the four ways of one workload
 are then timed interleaved (`bench.time_interleaved`), medians of `--repeats` runs.
-Writes scripts/experiments/slots_bench/slots_bench.json (or --out) and prints a markdown
-table. Run from the repository root.
+Writes bench_out/slots_bench.json (git-ignored; or --out) and prints a markdown table.
+Run from the repository root.
 """
 
 import json
