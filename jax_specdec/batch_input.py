@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 
-from jax_specdec.decode.request import INT32_MAX
+from jax_specdec.decode.request import INT32_MAX, seed_key_data
 from jax_specdec.sampling import SamplingConfig
 
 __all__ = ["JobError", "JobRow", "derive_seed", "read_rows", "seed_key_data"]
@@ -38,13 +38,6 @@ class JobRow:
     def key(self) -> str:
         """The id as it is compared: its JSON text (so 1 and "1" are different ids)."""
         return json.dumps(self.id)
-
-
-def seed_key_data(seed: int) -> np.ndarray:
-    """The threefry key of a 63-bit seed: [seed >> 32, seed & 0xffffffff], which is
-    `jax.random.key(seed)` for seeds below 2**32 (JAX without x64 keeps only the low
-    32 bits of larger ones)."""
-    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
 
 
 def derive_seed(job_seed: int, row_id) -> int:

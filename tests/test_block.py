@@ -28,7 +28,7 @@ SETTINGS = {
 def test_block_verified_samples_follow_the_target(target, draft, name):
     sampling, gamma, eos = SETTINGS[name]
     seqs, stats = sample_sequences(
-        target, draft, sampling, gamma, eos, seed=len(name), acceptance=accept_block_with_noise
+        target, draft, sampling, gamma, eos, seed=len(name), acceptance="block"
     )
     assert 0.05 < stats.acceptance_rate < 0.95
     assert_follows_target(target, seqs, sampling, eos, name)
@@ -52,7 +52,7 @@ def unnormalised_weights(uniforms, draws, draft_tokens, draft_probs, target_prob
 def test_a_wrong_block_rule_fails_the_same_test(target, draft):
     sampling, gamma, eos = SETTINGS["t1_g3"]
     seqs, _ = sample_sequences(
-        target, draft, sampling, gamma, eos, seed=0, acceptance=unnormalised_weights
+        target, draft, sampling, gamma, eos, seed=0, _rule=unnormalised_weights
     )
     assert wrong_rule_pvalue(target, seqs, sampling, eos) < 1e-6
 
@@ -61,7 +61,7 @@ def test_greedy_block_verification_emits_the_autoregressive_tokens(target, draft
     prompts = ragged_prompts(8, VOCAB, seed=2)
     kwargs = dict(key=jax.random.key(0), max_new_tokens=16)
     ar = Generator(target)(prompts, **kwargs)
-    out = Generator(target, draft, schedule=3, acceptance=accept_block_with_noise)(
+    out = Generator(target, draft, schedule=3, acceptance="block")(
         prompts, **kwargs
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))

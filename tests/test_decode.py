@@ -113,7 +113,7 @@ def test_speculative_samples_follow_the_target(target, draft, name):
 @pytest.mark.slow
 def test_wrong_acceptance_rule_fails_the_same_test(target, draft):
     sampling, gamma, eos = SETTINGS["t1_g1"]
-    seqs, _ = sample_sequences(target, draft, sampling, gamma, eos, seed=0, acceptance=wrong_accept)
+    seqs, _ = sample_sequences(target, draft, sampling, gamma, eos, seed=0, _rule=wrong_accept)
     assert wrong_rule_pvalue(target, seqs, sampling, eos) < 1e-6
 
 

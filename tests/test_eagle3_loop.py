@@ -23,8 +23,8 @@ from helpers import (
 )
 
 from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.decode.eagle3_drafter import Eagle3Drafter, attach_eagle3
-from jax_specdec.decode.head_drafter import HeadDrafter
+from jax_specdec.decode.drafters.eagle3 import Eagle3Drafter, attach_eagle3
+from jax_specdec.decode.drafters.feature_head import HeadDrafter
 from jax_specdec.decode.tree import Tree
 from jax_specdec.io.speculators import save_speculators
 from jax_specdec.nn import init_cache

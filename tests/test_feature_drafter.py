@@ -23,7 +23,7 @@ from helpers import (
 
 from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
 from jax_specdec.acceptance import AcceptResult
-from jax_specdec.decode.head_drafter import HeadDrafter, attach_head
+from jax_specdec.decode.drafters.feature_head import HeadDrafter, attach_head
 from jax_specdec.io.heads import tokenizer_sha256
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import sample_with_uniforms
@@ -232,7 +232,7 @@ def wrong_residual(uniforms, draws, draft_tokens, draft_probs, target_probs, num
 def test_wrong_residual_fails_the_same_test(target, head):
     sampling, gamma, eos = SETTINGS["t1_g1"]
     seqs, _ = sample_sequences(
-        target, head, sampling, gamma, eos, seed=0, acceptance=wrong_residual
+        target, head, sampling, gamma, eos, seed=0, _rule=wrong_residual
     )
     assert wrong_rule_pvalue(target, seqs, sampling, eos) < 1e-6
 

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
-from jax_specdec.decode.head_drafter import attach_head
+from jax_specdec.decode.drafters.feature_head import attach_head
 from jax_specdec.io.heads import load_head
 from jax_specdec.nn import Transformer
 

@@ -117,7 +117,7 @@ def test_slot_samples_follow_the_target(target, draft, name):
 
 @pytest.mark.slow
 def test_wrong_acceptance_rule_fails_the_slot_test(target, draft):
-    seqs, _ = slot_samples(target, draft, SAMPLING["t1"], seed=0, acceptance=wrong_accept)
+    seqs, _ = slot_samples(target, draft, SAMPLING["t1"], seed=0, _rule=wrong_accept)
     assert wrong_rule_pvalue(target, seqs, SAMPLING["t1"], 2) < 1e-6
 
 

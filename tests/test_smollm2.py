@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jax_specdec.decode import Generator, NGram
-from jax_specdec.decode.head_drafter import attach_head
+from jax_specdec.decode.drafters.feature_head import attach_head
 from jax_specdec.decode.tree import Tree
 from jax_specdec.io import zoo
 from jax_specdec.io.hf import eos_token_id, load_model, load_tokenizer

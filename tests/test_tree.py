@@ -24,9 +24,9 @@ from helpers import (
 
 from jax_specdec import Generator, NGram
 from jax_specdec.acceptance import accept_block_with_noise
-from jax_specdec.decode.drafter import DraftInputs
-from jax_specdec.decode.head_tree import candidates
-from jax_specdec.decode.ngram import trie
+from jax_specdec.decode.drafters.base import DraftInputs
+from jax_specdec.decode.drafters.head_tree import candidates
+from jax_specdec.decode.drafters.ngram import trie
 from jax_specdec.decode.tree import (
     Tree,
     TreeProposal,
@@ -291,7 +291,7 @@ WRONG_RSD = functools.partial(accept_rsd, reject=_unnormalised)
 def test_a_wrong_sibling_rule_fails_the_same_test(target):
     drafter, tree = SampledTree(parents=SHAPES["star3"]), fixed("star3")[1]
     sampling = SamplingConfig(1.0)
-    seqs, _ = _tree_samples(target, drafter, tree, sampling, None, seed=0, acceptance=WRONG_RSD)
+    seqs, _ = _tree_samples(target, drafter, tree, sampling, None, seed=0, _rule=WRONG_RSD)
     assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
 
 
@@ -355,7 +355,7 @@ def test_wrong_tree_rule_fails_the_same_test(target):
     drafter, tree = fixed("path3")
     sampling = SamplingConfig(1.0)
     seqs, _ = _tree_samples(
-        target, drafter, tree, sampling, None, seed=0, acceptance=shared_noise_walk
+        target, drafter, tree, sampling, None, seed=0, _rule=shared_noise_walk
     )
     assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
 
@@ -536,7 +536,7 @@ def test_a_tree_larger_than_the_head_builds_is_refused(target):
 
 def test_a_chain_rule_with_a_tree_is_refused(target):
     with pytest.raises(ValueError, match="accept_block_with_noise is a chain's rule"):
-        Generator(target, NGram(), schedule=3, tree=6, acceptance=accept_block_with_noise)
+        Generator(target, NGram(), schedule=3, tree=6, _rule=accept_block_with_noise)
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ def _fill_cache(model: Transformer, batch: int, cache_len: int, context: int):
 def _decode(model, tokens, cache):
     """One decode call: a Transformer's, or a feature draft's (features of zeros: a draft
     step costs the same whatever the features hold) with its entries written."""
-    from jax_specdec.decode.head_drafter import AttachedHead
+    from jax_specdec.decode.drafters.feature_head import AttachedHead
 
     if not isinstance(model, AttachedHead):
         return model.decode(tokens, cache)

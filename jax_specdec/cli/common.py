@@ -68,46 +68,10 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is batch.seed_key_data(seed)
-
-
-def check_seed(seed: int) -> int:
-    """--seed, checked before it becomes a key."""
-    if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"--seed must lie in [0, 2**63), got {seed}")
-    return seed
-
-
-def model_dir(text: str, which: str) -> pathlib.Path:
-    """Resolves a model directory: as given, else relative to the installed checkout; a
-    model name (smollm2-135m, fetched on first use) or a .gguf file is taken as is."""
-    from jax_specdec.io import zoo
-    from jax_specdec.io.hf import is_gguf
-
-    if text in zoo.MODELS or is_gguf(text):
-        return pathlib.Path(zoo.resolve(text))
-    path = pathlib.Path(text)
-    if not path.is_dir():
-        beside_package = pathlib.Path(__file__).resolve().parents[2] / text
-        if beside_package.is_dir():
-            path = beside_package
-    if not (path / "config.json").is_file() and not (path / "head_config.json").is_file():
-        raise ValueError(f"--{which}: {text} is not a model directory (no config.json)")
-    return path
-
-
-def _tokenizer_text(directory: pathlib.Path) -> str | None:
-    if directory.is_file():  # a GGUF file: the tokenizer is in its metadata
-        from jax_specdec.io.hf import load_tokenizer
-
-        return load_tokenizer(directory).to_str()
-    file = directory / "tokenizer.json"
-    return file.read_text() if file.is_file() else None
-
-
 class Loaded(NamedTuple):
-    """What `load_pair` loads: the target, the draft (a model, an attached feature or
-    EAGLE-3 head, or `NGram`), the target's tokenizer and where the target was found."""
+    """What `load_pair` loads: the target, the draft (`io.draft.load_draft`: a model, a
+    feature or EAGLE-3 head, or `NGram`), the target's tokenizer and where the target was
+    found."""
 
     target: Any
     draft: Any
@@ -116,49 +80,32 @@ class Loaded(NamedTuple):
 
 
 def load_pair(target: str, draft: str, weights: bool = True) -> Loaded:
-    """Loads --target and --draft (a model directory, a feature head's directory, an
-    EAGLE-3 head's (speculators format or EAGLE-3 release) or "ngram"); a draft model's
-    tokenizer must be the target's, an EAGLE-3 head must read the target's layers.
-    `weights=False` checks the same but reads no model tensor (`io.hf.load_model`):
-    the models come back abstract (heads, which are small, are read whole)."""
+    """Loads --target and --draft (`io.draft.load_draft`: a model, a feature or EAGLE-3
+    head's directory, or "ngram"), the draft checked against the target and its
+    tokenizer. `weights=False` checks the same but reads no model tensor
+    (`io.hf.load_model`): the models come back abstract (heads are read whole)."""
+    from jax_specdec.io.draft import load_draft
     from jax_specdec.io.hf import load_model, load_tokenizer
+    from jax_specdec.io.locate import locate
 
-    target_dir = model_dir(target, "target")
-    if draft == "ngram":  # model-free drafting (prompt lookup)
-        from jax_specdec.decode import NGram
-
-        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
-        return Loaded(model, NGram(), tokenizer, target_dir)
-    draft_dir = model_dir(draft, "draft")
-    if (draft_dir / "head_config.json").is_file():  # a feature head: drafts from its features
-        from jax_specdec.decode.head_drafter import attach_head
-
-        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
-        return Loaded(model, attach_head(draft_dir, model, tokenizer), tokenizer, target_dir)
-    from jax_specdec.io import speculators
-
-    if speculators.is_speculators(draft_dir) or speculators.is_eagle3_release(draft_dir):
-        from jax_specdec.decode.eagle3_drafter import attach_eagle3
-
-        model, tokenizer = load_model(target_dir, weights=weights), load_tokenizer(target_dir)
-        return Loaded(model, attach_eagle3(draft_dir, model)[1], tokenizer, target_dir)
-    target_tok, draft_tok = _tokenizer_text(target_dir), _tokenizer_text(draft_dir)
-    if target_tok is None:
-        raise ValueError(f"--target: {target_dir} has no tokenizer.json")
-    if draft_tok is not None and draft_tok != target_tok:
-        where = draft_dir if draft_dir.is_file() else draft_dir / "tokenizer.json"
-        raise ValueError(f"the draft's tokenizer ({where}) differs from the target's")
-    model, draft_model = (load_model(d, weights=weights) for d in (target_dir, draft_dir))
-    return Loaded(model, draft_model, load_tokenizer(target_dir), target_dir)
+    target_dir = locate(target, "target")
+    try:
+        tokenizer = load_tokenizer(target_dir)
+    except FileNotFoundError:
+        raise ValueError(f"--target: {target_dir} has no tokenizer.json") from None
+    model = load_model(target_dir, weights=weights)
+    draft_model = load_draft(draft, model, tokenizer, weights=weights)
+    return Loaded(model, draft_model, tokenizer, target_dir)
 
 
 def context(target, draft) -> int:
     """The most tokens (prompt and generated) one row may hold: the smallest max_len of
-    the target and of a draft that has one (a model or a feature head, not NGram)."""
+    the target and of a draft that has one (a model or a head, not NGram)."""
     lengths = [target.config.max_len]
-    draft_config = getattr(draft, "config", None)
-    if getattr(draft_config, "max_len", None) is not None:
-        lengths.append(draft_config.max_len)
+    config = getattr(draft, "config", None)
+    config = getattr(config, "layer", config)  # a head's config holds its layer's
+    if getattr(config, "max_len", None) is not None:
+        lengths.append(config.max_len)
     return min(lengths)
 
 

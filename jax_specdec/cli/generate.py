@@ -7,6 +7,7 @@ import json
 import sys
 
 from jax_specdec.cli import common
+from jax_specdec.cli.settings import DecodeSettings
 
 
 def add_parser(sub) -> None:
@@ -58,33 +59,25 @@ def _prompts(args) -> list[str]:
     return prompts
 
 
-def _generate(args, target, draft, ids, eos) -> dict:
+def _generate(settings: DecodeSettings, compare: bool, loaded, ids, max_new_tokens) -> dict:
     """Runs (and with --compare, times) the speculative and autoregressive programs."""
     import time
 
     import jax
 
-    from jax_specdec.batch import seed_key_data
     from jax_specdec.bench import measure
     from jax_specdec.decode import Generator
+    from jax_specdec.decode.request import seed_key_data
 
-    settings = dict(sampling=common.sampling(args), eos_token_id=eos)
-    tree, rule = common.tree(args, args.num_draft_tokens), common.acceptance(args)
-    spec = Generator(
-        target,
-        draft,
-        num_draft_tokens=args.num_draft_tokens,
-        tree=tree,
-        acceptance=rule,
-        **settings,
-    )
-    key = jax.random.wrap_key_data(seed_key_data(args.seed))  # jax.random.key below 2**32
-    run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
-    if not args.compare:
+    shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded))
+    spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
+    key = jax.random.wrap_key_data(seed_key_data(settings.seed))  # jax.random.key below 2**32
+    run = spec.bind(ids, key=key, max_new_tokens=max_new_tokens)
+    if not compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
         return {"out": out, "seconds": time.perf_counter() - start}
-    ar_run = Generator(target, **settings).bind(ids, key=key, max_new_tokens=args.max_new_tokens)
+    ar_run = Generator(loaded.target, **shared).bind(ids, key=key, max_new_tokens=max_new_tokens)
     spec_m, ar_m = measure([run, ar_run], repeats=3)
     return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m}
 
@@ -155,18 +148,13 @@ def run(args, parser) -> int:
     import numpy as np
 
     try:
-        common.sampling(args)
-        common.tree(args, args.num_draft_tokens)
-        common.acceptance(args)
-        common.check_seed(args.seed)
+        settings = DecodeSettings.from_args(args, draft=args.draft)
         prompts = _prompts(args)
-        loaded = common.load_pair(args.target, args.draft)
-        common.check_draft_length(
-            args.num_draft_tokens, common.context(loaded.target, loaded.draft)
-        )
+        loaded = common.load_pair(settings.target, settings.draft)
+        settings.check_context(common.context(loaded.target, loaded.draft))
         tokenizer = loaded.tokenizer
         ids = [tokenizer.encode(p).ids for p in prompts]
-        result = _generate(args, loaded.target, loaded.draft, ids, common.eos(args.eos, loaded))
+        result = _generate(settings, args.compare, loaded, ids, args.max_new_tokens)
         _check_finite(args, result)
     except (ValueError, OSError) as e:
         common.fail(parser, e)

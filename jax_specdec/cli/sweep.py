@@ -6,6 +6,7 @@ import pathlib
 import sys
 
 from jax_specdec.cli import common
+from jax_specdec.cli.settings import check_seed
 
 # Rows of one sweep call at most (each row holds its own caches for every program timed).
 MAX_BATCH = 4096
@@ -49,7 +50,7 @@ def add_parser(sub) -> None:
 
 def _check(args) -> None:
     args.trees = common.trees(args.trees)
-    common.check_seed(args.seed)
+    check_seed(args.seed)
     if pathlib.Path(args.out).exists() and not pathlib.Path(args.out).is_dir():
         raise ValueError(f"--out: {args.out} is a file; give a directory")
     if max(args.batches, default=1) > MAX_BATCH:

@@ -63,9 +63,11 @@ def run(args, parser) -> int:
                 checkpoint_dir=args.checkpoint_dir,
             )
         else:
+            from jax_specdec.io.locate import locate
+
             result = workflow.distill_model(
-                target_dir=common.model_dir(args.target, "target"),
-                draft_dir=common.model_dir(args.draft, "draft"),
+                target_dir=locate(args.target, "target"),
+                draft_dir=locate(args.draft, "draft"),
                 out=out,
                 config=config,
                 checkpoint_dir=args.checkpoint_dir,

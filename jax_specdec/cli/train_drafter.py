@@ -140,13 +140,14 @@ def run(args, parser) -> int:
     except ValueError as e:
         common.fail(parser, e)
     from jax_specdec.io.hf import load_model, load_tokenizer
+    from jax_specdec.io.locate import locate
     from jax_specdec.training.head_recipe import build_head
 
     work_dir = pathlib.Path(args.work_dir or f"{args.out}.work")
     if pathlib.Path(args.out).is_file():
         common.fail(parser, ValueError(f"--out: {args.out} is a file, not a directory"))
     try:
-        target_dir = common.model_dir(args.target, "target")
+        target_dir = locate(args.target, "target")
         summary = build_head(
             load_model(target_dir),
             load_tokenizer(target_dir),

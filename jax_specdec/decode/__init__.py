@@ -12,22 +12,26 @@ The modules, in the order a round runs through them:
 - `noise`: each round's randomness from the rows' own keys.
 - `round`: a speculative round (schedule → drafter → verify → cache writes) or a
   plain target step.
-- `drafter`: the drafter protocol; `draft_model` (`DraftModel`, `EarlyExit`),
-  `head_drafter` (`HeadDrafter`, a head reading the target's features),
-  `eagle3_drafter` (`Eagle3Drafter`, an EAGLE-3 head reading three target layers) and
-  `ngram` (`NGram`) implement it.
+- `drafters/`: the drafter protocol (`base`), the drafters that implement it (a draft
+  model and its early exit, n-gram lookup, a feature head, an EAGLE-3 head, head trees)
+  and `as_drafter`, which decides what kind of draft a `Generator` was given.
 - `verify`: the target scores the proposal; the acceptance step decides.
-- `tree`, `tree_round`, `tree_accept`, `head_tree`: token trees (shape, mask, walk), the
-  tree round, their exact acceptance (the walk; recursive rejection for sampled trees)
-  and a feature head's trees.
+- `tree`, `tree_round`, `tree_accept`: token trees (shape, mask, walk), the tree round,
+  their exact acceptance (the walk; recursive rejection for sampled trees).
 - `stats`: `GenerationOutput` and `GenerationStats`.
 """
 
 from jax_specdec.decode.api import Generator, Run, autoregressive_generate, speculative_generate
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.draft_model import DraftModel, EarlyExit
-from jax_specdec.decode.drafter import Drafter, DraftInputs, Proposal
-from jax_specdec.decode.ngram import NGram
+from jax_specdec.decode.drafters import (
+    Drafter,
+    DraftInputs,
+    DraftModel,
+    EarlyExit,
+    NGram,
+    Proposal,
+    as_drafter,
+)
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "NGram",
     "Proposal",
     "Run",
+    "as_drafter",
     "autoregressive_generate",
     "speculative_generate",
 ]

@@ -15,10 +15,7 @@ from jax.sharding import Mesh
 
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.draft_model import DraftModel, EarlyExit
-from jax_specdec.decode.eagle3_drafter import attach_eagle3, is_eagle3
-from jax_specdec.decode.head_drafter import AttachedHead, HeadDrafter, attach_head
-from jax_specdec.decode.ngram import NGram
+from jax_specdec.decode.drafters.resolve import as_drafter
 from jax_specdec.decode.request import (
     Request,
     check_int,
@@ -31,8 +28,6 @@ from jax_specdec.decode.stats import GenerationOutput
 from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
-from jax_specdec.nn.eagle3 import Eagle3Head
-from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
 from jax_specdec.sharding import check_mesh, place_rows, shard_state
@@ -52,8 +47,11 @@ class Generator:
       target: the model whose distribution the output follows.
       draft: a draft model (same tokenizer), a `FeatureHead` trained for this target
         (it drafts from the target's hidden states), an EAGLE-3 `Eagle3Head` for it
-        (`nn.eagle3`; from three target layers), a model-free proposer such as
-        `NGram()`, or None for autoregressive decoding.
+        (`nn.eagle3`; from three target layers), a drafter of the protocol
+        (`decode.drafters.base.Drafter`: `NGram()` or one of your own; a
+        `(drafter, model)` pair if it drafts with a model), a path or name to load
+        (`io.draft.load_draft`: "ngram", a model or head directory, a .gguf file), or
+        None for autoregressive decoding (`decode.drafters.resolve.as_drafter`).
       schedule: tokens drafted per row and round: an int γ >= 1 (default 4), or a
         `jax_specdec.schedules` policy (Constant, Heuristic, CostModel, Custom). A
         `Confidence(threshold, max_gamma)` drafts up to max_gamma tokens and stops a
@@ -67,10 +65,9 @@ class Generator:
       pad_token_id: fills the output after each row's end.
       mesh: a `Mesh` with axes "data" and "model": rows over data, weights and the
         caches' heads over model; still one program (also under `jax.distributed`).
-      acceptance: the acceptance rule, a static part of the program: a function with the
-        signature of `jax_specdec.acceptance.accept_with_noise` (with `tree`: of
-        `decode.tree_accept.accept_tree`); None: the exact rule. Another rule is for showing
-        that the exactness tests catch a wrong one.
+      acceptance: a chain's acceptance rule, both exact: "token" (token by token,
+        Leviathan et al.) or "block" (block verification: no fewer tokens kept on
+        average). A tree round walks its tree (recursive rejection for sampled trees).
       tree: draft a token tree each round and verify it in one target call
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a
         `Tree(nodes, depth, branch)`. An `NGram`, a feature head or an EAGLE-3 head builds
@@ -80,7 +77,7 @@ class Generator:
     def __init__(
         self,
         target: Transformer,
-        draft: Transformer | NGram | None = None,
+        draft=None,
         *,
         schedule=None,
         num_draft_tokens: int | None = None,
@@ -89,8 +86,9 @@ class Generator:
         vocab_size: int | None = None,
         pad_token_id: int = 0,
         mesh: Mesh | None = None,
-        acceptance: Callable | None = None,
+        acceptance: str = "token",
         tree: int | Tree | None = None,
+        _rule: Callable | None = None,
     ):
         if not isinstance(target, Transformer):
             raise TypeError(
@@ -115,15 +113,7 @@ class Generator:
         if not 0 <= check_int("pad_token_id", pad_token_id, 0) < self.vocab_size:
             raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        if acceptance is None:
-            acceptance = accept_with_noise if self.tree is None else accept_tree
-        elif self.tree is not None and acceptance in CHAIN_RULES:
-            raise ValueError(
-                f"acceptance {acceptance.__name__} is a chain's rule; tree rounds walk"
-            )
-        if not callable(acceptance):
-            raise TypeError(f"acceptance must be a function, got {type(acceptance).__name__}")
-        self.acceptance = acceptance
+        self.acceptance = _acceptance_rule(acceptance, _rule, self.tree)
         self._split(mesh)
 
     def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
@@ -134,43 +124,9 @@ class Generator:
                 f"the schedule's largest γ ({schedule.max_gamma}) must be below the target's "
                 f"context of {limit} tokens"
             )
-        threshold = schedule.threshold if isinstance(schedule, Confidence) else None
-        if threshold is not None:
-            schedule = Constant(schedule.max_gamma)
-        if isinstance(draft, NGram):
-            if vocab_size is not None:
-                raise ValueError("vocab_size is only for a draft model, not an NGram proposer")
-            if threshold is not None:
-                raise ValueError(
-                    "Confidence needs a draft model's probabilities; an NGram proposer has "
-                    "none (use an int γ, Heuristic, CostModel or Custom)"
-                )
-            self.drafter = draft
-        elif isinstance(draft, FeatureHead | AttachedHead | Eagle3Head):
-            self._set_feature_drafter(draft, threshold, vocab_size)
-        elif isinstance(draft, Transformer):
-            self.vocab_size = _shared_vocab(self.target, draft, vocab_size)
-            catch_up = schedule.min_gamma == 0  # γ = 0 rounds: the draft cache may lag
-            self.drafter = (
-                DraftModel(catch_up) if threshold is None else EarlyExit(catch_up, threshold)
-            )
-            self.draft_model = draft
-        else:
-            raise TypeError(
-                "draft must be a jax_specdec.nn.Transformer or a proposer such as "
-                f"jax_specdec.decode.ngram.NGram(), got {type(draft).__name__}"
-            )
-        self.schedule = schedule
-
-    def _set_feature_drafter(self, draft, threshold, vocab_size):
-        if vocab_size is not None or threshold is not None:
-            raise ValueError("vocab_size and Confidence are not for a feature head")
-        if is_eagle3(draft):
-            self.drafter, self.draft_model = attach_eagle3(draft, self.target)
-            return
-        if isinstance(draft, FeatureHead):
-            draft = attach_head(draft, self.target)
-        self.drafter, self.draft_model = HeadDrafter(), draft
+        drafting = as_drafter(draft, self.target, schedule=schedule, vocab_size=vocab_size)
+        self.drafter, self.draft_model = drafting.drafter, drafting.model
+        self.vocab_size, self.schedule = drafting.vocab_size, drafting.schedule
 
     def _split(self, mesh):
         models = [("target", self.target)]
@@ -308,19 +264,22 @@ def _schedule(num_draft_tokens, schedule):
     return as_schedule(4 if schedule is None else schedule)
 
 
-def _shared_vocab(target, draft, vocab_size) -> int:
-    vt, vd = target.config.vocab_size, draft.config.vocab_size
-    if vocab_size is None:
-        if vt != vd:
-            raise ValueError(
-                f"target and draft vocabularies differ ({vt} vs {vd}); if one is only padded "
-                "beyond the tokenizer's vocabulary, pass vocab_size=<the tokenizer's size>"
-            )
-        return vt
-    vocab_size = check_int("vocab_size", vocab_size, 1)
-    if vocab_size > min(vt, vd):
-        raise ValueError(f"vocab_size ({vocab_size}) exceeds a model's vocabulary ({vt}, {vd})")
-    return vocab_size
+def _acceptance_rule(acceptance: str, rule: Callable | None, tree) -> Callable:
+    """The rule the program applies. `rule` (Generator's `_rule`) replaces it: a hook for
+    the tests, which show that the exactness harness catches a wrong rule."""
+    if acceptance not in ("token", "block"):
+        raise ValueError(f"acceptance must be 'token' or 'block', got {acceptance!r}")
+    if acceptance == "block" and tree is not None:
+        raise ValueError("acceptance block is for chains; a tree round walks its tree")
+    if rule is None:
+        if tree is not None:
+            return accept_tree
+        return accept_with_noise if acceptance == "token" else accept_block_with_noise
+    if tree is not None and rule in CHAIN_RULES:
+        raise ValueError(f"acceptance {rule.__name__} is a chain's rule; tree rounds walk")
+    if not callable(rule):
+        raise TypeError(f"_rule must be a function, got {type(rule).__name__}")
+    return rule
 
 
 def _check_fits(model, name: str, request: Request) -> None:
@@ -351,7 +310,7 @@ def _checked(out: GenerationOutput) -> GenerationOutput:
 
 def speculative_generate(
     target: Transformer,
-    draft: Transformer | NGram,
+    draft,
     prompts,
     *,
     key: jax.Array,

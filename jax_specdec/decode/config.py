@@ -27,7 +27,7 @@ class LoopConfig:
       target_def: the target's `nnx.GraphDef` (its weights are an array argument).
       draft_def: the draft model's `nnx.GraphDef`, None for a model-free drafter or
         autoregressive decoding.
-      drafter: how tokens are proposed (`decode.drafter.Drafter`); None: autoregressive.
+      drafter: how tokens are proposed (`decode.drafters.base.Drafter`); None: autoregressive.
       schedule: how many tokens each row drafts per round (`jax_specdec.schedules`);
         None: autoregressive.
       max_new_tokens: tokens generated per row (fewer after an EOS).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import target_features
+from jax_specdec.decode.drafters.base import target_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
 from jax_specdec.decode.slots import finish_slots, init_slots, refill, running

@@ -16,7 +16,15 @@ import numpy as np
 
 from jax_specdec.sampling import RowSampling, SamplingConfig
 
-__all__ = ["INT32_MAX", "Request", "check_int", "longest_first", "make_request", "queue_rows"]
+__all__ = [
+    "INT32_MAX",
+    "Request",
+    "check_int",
+    "longest_first",
+    "make_request",
+    "queue_rows",
+    "seed_key_data",
+]
 
 #: the largest count, budget or length the compiled program holds (int32).
 INT32_MAX = 2**31 - 1
@@ -231,3 +239,10 @@ def queue_rows(arrays, num_slots: int):
         np.pad(budgets, (0, extra)),
         jax.tree.map(lambda a: np.pad(a, (0, extra), mode="edge"), sampling),
     )
+
+
+def seed_key_data(seed: int) -> np.ndarray:
+    """The threefry key of a 63-bit seed: [seed >> 32, seed & 0xffffffff], which is
+    `jax.random.key(seed)` for seeds below 2**32 (JAX without x64 keeps only the low
+    32 bits of larger ones)."""
+    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import DraftInputs, reads_features, target_features
+from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target_features
 from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
 from jax_specdec.decode.state import (
     LoopState,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import reads_features, target_features
+from jax_specdec.decode.drafters.base import reads_features, target_features
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.state import LoopState, emit, load_row, new_cache, prefill_row
 from jax_specdec.decode.stats import (

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import DraftInputs, reads_features, target_features
+from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target_features
 from jax_specdec.decode.noise import round_keys
 from jax_specdec.decode.state import LoopState, emit, gather_last, record_round, written_after
 from jax_specdec.decode.stats import nonfinite

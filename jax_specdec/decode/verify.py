@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.decode.config import LoopConfig
-from jax_specdec.decode.drafter import Proposal, reads_features, target_features
+from jax_specdec.decode.drafters.base import Proposal, reads_features, target_features
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite

@@ -19,7 +19,14 @@ from safetensors.numpy import save_file
 from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
-__all__ = ["is_feature_head", "load_head", "load_head_config", "save_head", "tokenizer_sha256"]
+__all__ = [
+    "check_tokenizer",
+    "is_feature_head",
+    "load_head",
+    "load_head_config",
+    "save_head",
+    "tokenizer_sha256",
+]
 
 CONFIG = "head_config.json"
 WEIGHTS = "model.safetensors"
@@ -131,6 +138,18 @@ def _check_vocab_map(file: Path, ids: np.ndarray, vocab_size: int) -> None:
             f"{file}: vocab_map lists token {int(unique[counts > 1][0])} more than once "
             f"({int((counts > 1).sum())} duplicated id(s))"
         )
+
+
+def check_tokenizer(head, tokenizer) -> None:
+    """Refuses a feature head trained with another tokenizer than `tokenizer` (the
+    target's), where the head names its tokenizer (`tokenizer_sha256`); other heads
+    and `tokenizer=None` pass."""
+    config = head.config
+    if tokenizer is None or not isinstance(head, FeatureHead) or not config.tokenizer_sha256:
+        return
+    if tokenizer_sha256(tokenizer) != config.tokenizer_sha256:
+        name = f"the feature head (trained for {config.target or 'an unnamed target'})"
+        raise ValueError(f"{name} was trained with another tokenizer than the target's")
 
 
 def tokenizer_sha256(tokenizer) -> str:

@@ -77,7 +77,7 @@ class Confidence:
     (that token is still verified); per row. Needs a draft model.
 
     The stop is decided inside the round, so the draft runs as an early-exit loop
-    (`decode.draft_model.EarlyExit`) and the verify as wide as the longest draft among
+    (`decode.drafters.draft_model.EarlyExit`) and the verify as wide as the longest draft among
     active rows. Exact: whether position i+1 is drafted depends only on tokens already
     drafted, each verified against the q it was drawn from.
     """

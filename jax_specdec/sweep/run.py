@@ -29,7 +29,7 @@ from jax_specdec.bench import (
     measure,
 )
 from jax_specdec.decode import GenerationStats, Generator, NGram
-from jax_specdec.decode.head_drafter import AttachedHead
+from jax_specdec.decode.drafters.feature_head import AttachedHead
 from jax_specdec.decode.tree import Tree
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig

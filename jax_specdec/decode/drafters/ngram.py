@@ -7,7 +7,7 @@ it. The proposal is deterministic given the history (q is one-hot on the propose
 token), so the acceptance step stays exact: a proposed token is kept with probability
 p(x), and a rejection draws from p with x removed.
 
-`NGram` is a drafter of the generation loop (see `jax_specdec.decode.drafter`): it keeps
+`NGram` is a drafter of the generation loop (see `jax_specdec.decode.drafters.base`): it keeps
 no cache and decides itself how far it can propose, before the round's width is chosen.
 """
 
@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_specdec.decode.drafter import DraftInputs, Proposal
+from jax_specdec.decode.drafters.base import DraftInputs, Proposal
 from jax_specdec.decode.tree import TreeProposal
 
 __all__ = ["NGram", "trie"]

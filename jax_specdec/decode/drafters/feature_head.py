@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jax_specdec.decode import head_tree
-from jax_specdec.decode.drafter import DraftInputs, Proposal
+from jax_specdec.decode.drafters import head_tree
+from jax_specdec.decode.drafters.base import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import load_row, new_cache, written_after
 from jax_specdec.decode.stats import nonfinite
-from jax_specdec.io.heads import load_head, tokenizer_sha256
+from jax_specdec.io.heads import check_tokenizer, load_head
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
 
@@ -40,7 +40,7 @@ __all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head", "check_
 
 
 class AttachedHead(nnx.Module):
-    """A feature head (or an EAGLE-3 head, `decode.eagle3_drafter`) attached to its
+    """A feature head (or an EAGLE-3 head, `decode.drafters.eagle3`) attached to its
     target: the head with the token embedding it reads (the target's, shared, not
     copied). `attach_head` makes one; `Generator` drafts with it."""
 
@@ -69,9 +69,7 @@ def attach_head(head: FeatureHead | str | os.PathLike, target: Transformer, toke
     if hc.vocab_size != tc.vocab_size:
         raise ValueError(f"{name} has vocabulary {hc.vocab_size}; the target's is {tc.vocab_size}")
     check_vocab_map(head, tc.vocab_size, name)
-    if tokenizer is not None and hc.tokenizer_sha256:
-        if tokenizer_sha256(tokenizer) != hc.tokenizer_sha256:
-            raise ValueError(f"{name} was trained with another tokenizer than the target's")
+    check_tokenizer(head, tokenizer)
     return AttachedHead(head, target.embed.get_value())
 
 
@@ -141,7 +139,7 @@ class HeadDrafter:
     def propose_tree(
         self, model: AttachedHead, cache: FeatureCache, inputs, prepared, tree, config
     ):
-        """The round's tree (`decode.head_tree`), on a read-only cache."""
+        """The round's tree (`decode.drafters.head_tree`), on a read-only cache."""
         keys = None if inputs.sampling.greedy else inputs.keys[:, 0]
         return head_tree.propose_tree(model, cache, prepared, tree, keys, config, inputs.sampling)
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_specdec.decode.drafter import DraftInputs, Proposal
+from jax_specdec.decode.drafters.base import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import (
     gather_last,

@@ -1,6 +1,6 @@
 """Drafting with an EAGLE-3 head (`nn.eagle3`) inside the loop.
 
-The head drafts as a feature head does (`decode.head_drafter`, whose pending-token
+The head drafts as a feature head does (`decode.drafters.feature_head`, whose pending-token
 convention, chunk of waiting features, γ = 0 steps, slots and trees it shares): only
 the features differ. The target's calls (prefill, verify, plain steps) return the
 hidden states of the head's target layers concatenated, [B, T, n·H]
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jax_specdec.decode.head_drafter import AttachedHead, HeadDrafter, check_vocab_map
+from jax_specdec.decode.drafters.feature_head import AttachedHead, HeadDrafter, check_vocab_map
 from jax_specdec.io.heads import load_head
 from jax_specdec.io.speculators import check_target
 from jax_specdec.nn import Transformer

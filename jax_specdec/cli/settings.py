@@ -1,0 +1,137 @@
+"""The decoding flags `generate` and `batch` share, parsed and checked once into a frozen
+`DecodeSettings`; what the models must agree with is checked where the models are
+(`Generator`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports JAX only when a command runs
+    from jax_specdec.decode.tree import Tree
+    from jax_specdec.sampling import SamplingConfig
+
+__all__ = ["SEED_LIMIT", "DecodeSettings", "check_seed", "parse_mesh"]
+
+SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is decode.request.seed_key_data
+
+
+def check_seed(seed: int) -> int:
+    """--seed, checked before it becomes a key."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"--seed must lie in [0, 2**63), got {seed}")
+    return seed
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """How to decode, from the flags.
+
+    Attributes:
+      target, draft: as given (`io.locate`, `io.draft.load_draft`); draft None: plain
+        autoregressive decoding.
+      num_draft_tokens: γ, a chain's length or a tree's depth.
+      tree: the round's token tree (`--tree`, `--branch`), or None for a chain.
+      acceptance: a chain's rule, "token" or "block".
+      sampling: temperature, top-k and top-p.
+      eos: "auto", "none" or a token id, as given (`eos_token_id` resolves it).
+      seed: the job's or the call's seed.
+      mesh: "DATAxMODEL" or None (`parse_mesh`).
+    """
+
+    target: str
+    draft: str | None
+    num_draft_tokens: int
+    tree: Tree | None
+    acceptance: str
+    sampling: SamplingConfig
+    eos: str
+    seed: int
+    mesh: str | None = None
+
+    @classmethod
+    def from_args(cls, args, *, draft: str | None) -> DecodeSettings:
+        """The settings of parsed flags (`common.add_round_flags`,
+        `common.add_sampling_flags`, --target, --num-draft-tokens, --seed); ValueError
+        naming the flag."""
+        from jax_specdec.sampling import SamplingConfig
+
+        tree = _tree(args.tree, args.branch, args.num_draft_tokens)
+        if args.acceptance == "block" and tree is not None:
+            raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
+        if args.eos not in ("auto", "none") and not args.eos.isdigit():
+            raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {args.eos!r}")
+        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        return cls(
+            target=args.target,
+            draft=draft,
+            num_draft_tokens=args.num_draft_tokens,
+            tree=tree,
+            acceptance=args.acceptance,
+            sampling=sampling,
+            eos=args.eos,
+            seed=check_seed(args.seed),
+            mesh=getattr(args, "mesh", None),
+        )
+
+    def check_context(self, max_len: int) -> None:
+        """--num-draft-tokens below the models' context (each draft length up to it is a
+        branch of the compiled round: a γ past the context would compile without end)."""
+        if self.draft is not None and self.num_draft_tokens >= max_len:
+            raise ValueError(
+                f"--num-draft-tokens {self.num_draft_tokens} must be below the models' "
+                f"context of {max_len} tokens"
+            )
+
+    def eos_token_id(self, loaded) -> int | None:
+        """--eos for the loaded target (`common.Loaded`): "auto" is the EOS the target
+        states, else its tokenizer's <|endoftext|>; "none" is no EOS; else the id."""
+        if self.eos == "auto":
+            from jax_specdec.io.hf import eos_token_id
+
+            stated = eos_token_id(loaded.target_dir)
+            return loaded.tokenizer.token_to_id("<|endoftext|>") if stated is None else stated
+        return None if self.eos == "none" else int(self.eos)
+
+    def rounds(self) -> dict:
+        """`Generator`'s drafting arguments (none for autoregressive decoding)."""
+        if self.draft is None:
+            return {}
+        return dict(
+            num_draft_tokens=self.num_draft_tokens, tree=self.tree, acceptance=self.acceptance
+        )
+
+
+def _tree(nodes: int | None, branch: int, depth: int) -> Tree | None:
+    """--tree and --branch as a `Tree` of `depth` (None without --tree)."""
+    if nodes is None:
+        return None
+    if nodes < 1 or branch < 1:
+        bad, value = ("--tree", nodes) if nodes < 1 else ("--branch", branch)
+        raise ValueError(f"{bad} must be >= 1, got {value}")
+    from jax_specdec.decode.tree import Tree
+
+    if nodes < depth:
+        raise ValueError(
+            f"--tree ({nodes} nodes) cannot reach the depth of the draft tokens ({depth}): "
+            "give at least that many nodes or fewer draft tokens"
+        )
+    return Tree(nodes, depth, branch)
+
+
+def parse_mesh(text: str | None):
+    """--mesh DATAxMODEL as a `jax.sharding.Mesh` over all devices (None: no mesh)."""
+    import jax
+
+    if text is None:
+        return None
+    try:
+        data, model = (int(x) for x in text.lower().split("x"))
+        if data < 1 or model < 1:
+            raise ValueError("each axis needs at least one device")
+        return jax.make_mesh((data, model), ("data", "model"))
+    except ValueError as e:
+        raise ValueError(
+            f"--mesh must be DATAxMODEL with {jax.device_count()} devices in all, "
+            f"got {text!r} ({e})"
+        ) from None
