@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         ).eval()
     head = None
     if args.head:
-        from jax_specdec.decode.head_drafter import attach_head
+        from jax_specdec.decode.drafters import attach_head
         from jax_specdec.io.heads import load_head
 
         head = attach_head(load_head(args.head), target, tok)
