@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_specdec.io.gguf_file import GGUFError, brief, field, open_gguf
-from jax_specdec.io.hf_config import _dtype_name, config_to_hf
+from jax_specdec.io.hf_config import config_to_hf, dtype_name
 from jax_specdec.io.layout import build_model, hf_entries
 from jax_specdec.nn import Transformer, TransformerConfig
 
@@ -113,8 +113,8 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             out_bias=bias and arch == "llama",
             mlp_bias="blk.0.ffn_up.bias" in names,
             tie_embeddings="output.weight" not in names,
-            dtype=_dtype_name(dtype or "float32"),
-            param_dtype=_dtype_name(dtype or "float32"),
+            dtype=dtype_name(dtype or "float32"),
+            param_dtype=dtype_name(dtype or "float32"),
         )
     except (TypeError, ValueError) as e:
         raise GGUFError(f"{file}: metadata does not describe a valid model ({brief(e)})") from e
@@ -190,7 +190,7 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transfo
             tensor type or rope scaling, missing/unexpected tensors or wrong shapes.
     """
     config, arch, tensors = hf_tensors(path)
-    config = config.replace(dtype=_dtype_name(dtype or "float32"))
+    config = config.replace(dtype=dtype_name(dtype or "float32"))
     config = config.replace(param_dtype=config.dtype)
     if not weights:
         return build_model(config, None)

@@ -23,10 +23,10 @@ from safetensors.numpy import save_file
 
 from jax_specdec.io.hf_config import (
     SUPPORTED_ARCHITECTURES,
-    _architecture,
-    _dtype_name,
+    architecture,
     config_from_hf,
     config_to_hf,
+    dtype_name,
 )
 from jax_specdec.io.layout import Entry, build_model, hf_entries
 from jax_specdec.io.weights import brief, open_safetensors
@@ -81,10 +81,10 @@ def load_model(
         return load_gguf_model(path, dtype=dtype, weights=weights)
     directory = _directory(path)
     if dtype is not None:
-        _dtype_name(dtype)  # refused before the config is read, in words of its own
+        dtype_name(dtype)  # refused before the config is read, in words of its own
     hf = _read_json(directory / "config.json")
     try:
-        arch = _architecture(hf)
+        arch = architecture(hf)
         config = config_from_hf(hf, dtype=dtype)
     except (ValueError, TypeError) as e:  # one line naming the file
         raise ValueError(f"{directory / 'config.json'}: {e}") from None
@@ -278,7 +278,7 @@ def save_model(model: Transformer, path: Path_, tokenizer=None) -> None:
     tensors: dict[str, np.ndarray] = {}
     for name, shape, convert in hf_entries(config, arch):
         # Invert each entry: apply its conversion to a probe of matching layout.
-        tensors[name] = _export_tensor(name, shape, convert, params)
+        tensors[name] = export_tensor(name, shape, convert, params)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
@@ -290,7 +290,7 @@ def save_model(model: Transformer, path: Path_, tokenizer=None) -> None:
         backend.save(str(directory / "tokenizer.json"))
 
 
-def _export_tensor(name, shape, convert, params) -> np.ndarray:
+def export_tensor(name, shape, convert, params) -> np.ndarray:
     # Every entry either copies one parameter (maybe transposed) or splits one tensor
     # into q, k, v along its last axis; probing with an index array recovers which.
     probe = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)

@@ -39,11 +39,11 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
         dtype: "float32" or "bfloat16" for parameters and activations; None picks
             bfloat16 when the checkpoint says so, float32 otherwise.
     """
-    arch = _architecture(hf)
+    arch = architecture(hf)
     if dtype is None:
         stored = hf.get("dtype") or hf.get("torch_dtype")
         dtype = "bfloat16" if stored == "bfloat16" else "float32"
-    dtype = _dtype_name(dtype)
+    dtype = dtype_name(dtype)
     if arch == "GPT2LMHeadModel":
         return _gpt2_from_hf(hf, dtype)
     return _llama_from_hf(hf, arch, dtype)
@@ -225,7 +225,7 @@ def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
     }
 
 
-def _architecture(hf: dict[str, Any]) -> str:
+def architecture(hf: dict[str, Any]) -> str:
     archs = hf.get("architectures") or []
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
@@ -301,7 +301,7 @@ def _rope_to_hf(c: TransformerConfig) -> dict[str, Any]:
     return {"rope_theta": c.rope_theta, "rope_parameters": params, "rope_scaling": scaling}
 
 
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
     name = jnp.dtype(dtype).name
     if name not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")

@@ -23,10 +23,10 @@ def hf_entries(config: TransformerConfig, arch: str) -> list[Entry]:
     """Every HF tensor the config implies, with its shape and how it maps to our params."""
     if arch == "GPT2LMHeadModel":
         return _gpt2_entries(config)
-    return _llama_entries(config)
+    return llama_entries(config)
 
 
-class _Entries(list):
+class Entries(list):
     """A list of `Entry`, with `add` for the tensors that map onto one parameter."""
 
     def add(self, name, shape, path, transpose=False):
@@ -35,7 +35,7 @@ class _Entries(list):
 
 def _gpt2_entries(c: TransformerConfig) -> list[Entry]:
     D, F, V = c.d_model, c.mlp_dim, c.vocab_size
-    entries = _Entries()
+    entries = Entries()
     entries.add("transformer.wte.weight", (V, D), ("embed",))
     entries.add("transformer.wpe.weight", (c.max_len, D), ("pos_embed",))
     for i in range(c.num_layers):
@@ -68,10 +68,10 @@ def _gpt2_entries(c: TransformerConfig) -> list[Entry]:
     return entries
 
 
-def _llama_entries(c: TransformerConfig) -> list[Entry]:
+def llama_entries(c: TransformerConfig) -> list[Entry]:
     D, F, V = c.d_model, c.mlp_dim, c.vocab_size
     qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    entries = _Entries()
+    entries = Entries()
     entries.add("model.embed_tokens.weight", (V, D), ("embed",))
     for i in range(c.num_layers):
         h, b = f"model.layers.{i}.", ("blocks", i)

@@ -28,8 +28,8 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jax_specdec.io.hf import _export_tensor
-from jax_specdec.io.layout import Entry, _Entries, _llama_entries
+from jax_specdec.io.hf import export_tensor
+from jax_specdec.io.layout import Entries, Entry, llama_entries
 from jax_specdec.io.speculators_config import (
     CONFIG,
     config_dict,
@@ -84,7 +84,7 @@ def _entries(config: Eagle3Config) -> list[Entry]:
     """Every `speculators` tensor of the head but d2t/t2d, with its shape and our path."""
     c = config.layer
     D, F, K, n = c.d_model, config.features_size, config.draft_vocab_size, config.num_aux
-    entries = _Entries()
+    entries = Entries()
     if config.has_embed:
         entries.add("embed_tokens.weight", (c.vocab_size, D), ("embed",))
     if config.norm_before_fc:
@@ -93,7 +93,7 @@ def _entries(config: Eagle3Config) -> list[Entry]:
         entries.add(f"fc_norm.{j}.weight", (F // n,), ("fc_norm", j, "scale"))
     entries.add("fc.weight", (D, F), ("fc", "kernel"), transpose=True)
     first_qkv = {f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv"}
-    for name, shape, convert in _llama_entries(c):  # the decoder layers' own tensors
+    for name, shape, convert in llama_entries(c):  # the decoder layers' own tensors
         if name.startswith("model.layers."):
             if name in first_qkv:  # the first layer's attention reads [embedding; hidden]
                 shape = (shape[0], 2 * D)
@@ -275,7 +275,7 @@ def save_speculators(
         params = {p: jnp.asarray(a).astype(layer.jnp_param_dtype) for p, a in params.items()}
         params = {p: np.asarray(a) for p, a in params.items()}
     tensors = {
-        name: _export_tensor(name, shape, convert, params)
+        name: export_tensor(name, shape, convert, params)
         for name, shape, convert in _entries(config)
     }
     K, V = config.draft_vocab_size, config.vocab_size
