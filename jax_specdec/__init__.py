@@ -2,15 +2,18 @@
 
 from jax_specdec.acceptance import AcceptResult, accept
 from jax_specdec.decode import (
+    Drafter,
     GenerationOutput,
     GenerationStats,
     Generator,
     NGram,
     Run,
+    as_drafter,
     autoregressive_generate,
     speculative_generate,
 )
 from jax_specdec.exact import one_position, round_distribution
+from jax_specdec.io.draft import load_draft
 from jax_specdec.io.heads import load_head, save_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
@@ -22,6 +25,7 @@ __all__ = [
     "Constant",
     "CostModel",
     "Custom",
+    "Drafter",
     "FeatureHead",
     "FeatureHeadConfig",
     "GenerationOutput",
@@ -32,7 +36,9 @@ __all__ = [
     "Run",
     "SamplingConfig",
     "accept",
+    "as_drafter",
     "autoregressive_generate",
+    "load_draft",
     "load_head",
     "one_position",
     "probs_from_logits",

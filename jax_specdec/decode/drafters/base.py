@@ -31,8 +31,15 @@ position `before - 1` (the rows' lengths went from `before` to `after`). A draft
 whose `feature_layers` is a tuple of layer ids gets those layers' hidden states
 concatenated instead ([…, n·D], as an EAGLE-3 head reads them; `target_features`).
 
-The draft model, its early-exit form (`Confidence`) and the n-gram proposer are
-drafters; a schedule only picks γ.
+A drafter that builds token trees (`Generator(tree=...)`) also has
+`propose_tree(model, cache, inputs, prepared, tree, config)`, returning a
+`decode.tree.TreeProposal` (nodes, parents, validity, and q per node for a sampled
+tree), and may refuse a shape it cannot fill in `check_tree(tree)`.
+
+`TreeDrafter` and `FeatureDrafter` below spell these optional parts out. The draft model,
+its early-exit form (`Confidence`), the n-gram proposer and the heads are drafters; so is
+any object of yours with these methods (`Generator` passes it through unchanged; see
+`decode.drafters.resolve`). A schedule only picks γ.
 """
 
 from __future__ import annotations
@@ -43,7 +50,15 @@ import jax
 
 from jax_specdec.sampling import RowSampling
 
-__all__ = ["DraftInputs", "Drafter", "Proposal", "reads_features", "target_features"]
+__all__ = [
+    "DraftInputs",
+    "Drafter",
+    "FeatureDrafter",
+    "Proposal",
+    "TreeDrafter",
+    "reads_features",
+    "target_features",
+]
 
 
 def reads_features(drafter) -> bool:
@@ -115,5 +130,32 @@ class Drafter(Protocol):
     def load(self, model, cache, slot, prompt, prompt_length, config) -> Any:
         """The cache with row `slot` ([] int32) holding only `prompt` [1, P]."""
 
-    # Only a drafter with `reads_features` (see the module docstring):
-    # def absorb(self, model, cache, tokens, before, after, features) -> Any
+
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that also builds token trees."""
+
+    def propose_tree(self, model, cache, inputs: DraftInputs, prepared, tree, config) -> Any:
+        """A `decode.tree.TreeProposal` of `tree.nodes` nodes up to `tree.depth` deep."""
+
+    def check_tree(self, tree) -> None:
+        """Optional: a ValueError for a tree shape the drafter cannot fill."""
+
+
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that reads the target's features (`reads_features = True`; the
+    `features=` arguments of the module docstring)."""
+
+    reads_features: bool
+    feature_layers: tuple[int, ...] | None  # None or (): the top layer after the final norm
+
+    def init(self, model, prompts, prompt_lengths, config, *, features) -> Any:
+        """As `Drafter.init`, with the prompts' features [B, P, D]."""
+
+    def load(self, model, cache, slot, prompt, prompt_length, config, *, features) -> Any:
+        """As `Drafter.load`, with the prompt's features [1, P, D]."""
+
+    def commit(self, cache, prepared, entries, before, after, width, config, *, features) -> Any:
+        """As `Drafter.commit`, with the verified positions' features [B, γ_max + 1, D]."""
+
+    def absorb(self, model, cache, tokens, before, after, features) -> Any:
+        """After a plain target step: the feature [B, 1, D] of position `before - 1`."""

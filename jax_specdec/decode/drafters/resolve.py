@@ -53,13 +53,14 @@ def as_drafter(draft, target: Transformer, *, schedule, vocab_size=None) -> Draf
         from jax_specdec.io.draft import load_draft
 
         draft = load_draft(draft, target)
-    threshold = schedule.threshold if isinstance(schedule, Confidence) else None
+    threshold = None
+    if isinstance(schedule, Confidence):  # a way of drafting: γ_max, cut short per row
+        threshold, schedule = schedule.threshold, Constant(schedule.max_gamma)
     if isinstance(draft, Transformer):
         vocab = _shared_vocab(target, draft, vocab_size)
         catch_up = schedule.min_gamma == 0  # γ = 0 rounds: the draft cache may lag
-        if threshold is None:
-            return Drafting(DraftModel(catch_up), draft, vocab, schedule)
-        return Drafting(EarlyExit(catch_up, threshold), draft, vocab, Constant(schedule.max_gamma))
+        drafter = DraftModel(catch_up) if threshold is None else EarlyExit(catch_up, threshold)
+        return Drafting(drafter, draft, vocab, schedule)
     if vocab_size is not None:
         raise ValueError("vocab_size is only for a draft model (a Transformer)")
     if threshold is not None:
