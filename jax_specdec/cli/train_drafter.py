@@ -59,6 +59,10 @@ def add_parser(sub) -> None:
         default=32,
         help="--data greedy: the corpus prefix; --data self: the longest prompt kept",
     )
+
+
+def _add_training_flags(p) -> None:
+    """The head's shape, the optimisation and where the run stops and saves."""
     p.add_argument("--kept", type=int, help="tokens the head scores (8192, or --init's)")
     p.add_argument("--layers", type=int, help="decoder layers (1, or --init's)")
     p.add_argument("--steps", type=int, default=2000)
@@ -98,7 +102,6 @@ def add_parser(sub) -> None:
         help="a head directory to start from (same shape and target; its kept tokens are "
         "kept), e.g. to train a head further on more data under a new --run-name",
     )
-    p.set_defaults(handler=run, parser=p)
 
 
 def _configs(args):

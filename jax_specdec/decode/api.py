@@ -186,12 +186,19 @@ class Generator:
                 )
         for name, model in self._models:
             _check_fits(model, name, request)
+        config = self._config(request, num_slots)
+        order = None if num_slots is None else longest_first(request.budgets)
+        args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
+        return Run(config, request, args, order)
+
+    def _config(self, request: Request, num_slots: int | None) -> LoopConfig:
+        """The program's static configuration for this call's shapes."""
         gamma_max = 0 if self.schedule is None else self.schedule.max_gamma
         cache_len = min(
             request.prompts.shape[1] + request.max_new_tokens + gamma_max,
             *(m.config.max_len for _, m in self._models),
         )
-        config = LoopConfig(
+        return LoopConfig(
             target_def=self._defs[0],
             draft_def=self._defs[1],
             drafter=self.drafter,
@@ -206,9 +213,6 @@ class Generator:
             acceptance=self.acceptance,
             tree=self.tree,
         )
-        order = None if num_slots is None else longest_first(request.budgets)
-        args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
-        return Run(config, request, args, order)
 
     def _place(self, request: Request, num_slots: int | None, order):
         r = request
