@@ -5,7 +5,7 @@
 # (2 layers, d 128) on SmolLM2's tokenizer: trained on the standard-library corpus with
 # cross-entropy, then distilled towards SmolLM2 (DistillSpec, TVD). Every step resumes
 # from its checkpoints if interrupted; rerun the script to continue. Measured with
-# `scripts/head_bench.py --draft` (scripts/experiments/README.md, draft_baseline).
+# `scripts/drafter_bench.py --draft` (scripts/experiments/README.md, draft_baseline).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 work=${WORK:-$HOME/.cache/jax_specdec/baseline}

@@ -1,5 +1,5 @@
 """Tokens per round of chains and trees on SmolLM2 + the shipped head, batch 1, the first
-six prompts of scripts/tree_bench.py, 64 new tokens (no timing): the probe that chose
+six code prompts of scripts/drafter_bench.py, 64 new tokens (no timing): the probe that chose
 the benchmarked shapes.
 
   python scripts/experiments/tree_bench/explore_shapes.py 0 chain:4 chain:8 8:6:2 8:4:4
@@ -11,7 +11,7 @@ import sys
 import jax
 
 sys.path.insert(0, "scripts")
-from tree_bench import CODE_PROMPTS  # noqa: E402
+from drafter_bench import CODE_PROMPTS  # noqa: E402
 
 from jax_specdec import Generator, SamplingConfig  # noqa: E402
 from jax_specdec.cli.common import load_pair  # noqa: E402
