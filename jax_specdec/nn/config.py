@@ -1,7 +1,8 @@
 """`TransformerConfig`: one frozen, hashable description of a decoder-only transformer.
 
 Two families share one model: Llama-style (RMSNorm, rotary positions, SwiGLU,
-grouped-query attention, optional q/k/v bias as in Qwen2) and GPT-2-style
+grouped-query attention, optional q/k/v bias as in Qwen2, optional per-head q/k norms
+as in Qwen3) and GPT-2-style
 (LayerNorm, learned positions, tanh-GELU MLP, biases everywhere).
 """
 
@@ -83,6 +84,8 @@ class TransformerConfig:
         qkv_bias: bias on the q, k and v projections.
         out_bias: bias on the attention output projection.
         mlp_bias: bias on the MLP projections.
+        qk_norm: a norm (of kind `norm`, over head_dim, its own scale [head_dim]) on each
+            query and key head before the rotary embedding, as in Qwen3.
         tie_embeddings: the output head reuses the token embedding matrix.
         dtype: activation dtype, "float32" or "bfloat16". Logits are always float32.
         param_dtype: parameter storage dtype, "float32", "bfloat16" or "float16". With
@@ -108,6 +111,7 @@ class TransformerConfig:
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
     tie_embeddings: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -158,7 +162,7 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling must be a RopeScaling or None, "
                 f"got {self.rope_scaling!r}"
             )
-        for name in ("qkv_bias", "out_bias", "mlp_bias", "tie_embeddings"):
+        for name in ("qkv_bias", "out_bias", "mlp_bias", "qk_norm", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"TransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
