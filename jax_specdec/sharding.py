@@ -5,7 +5,8 @@ rows and heads. XLA's SPMD partitioner does the rest; it is still one program.
 The layout (Megatron style) for a mesh with axes (data, model):
 - q/k/v and MLP gate/up kernels [in, out]: columns split over `model` (whole heads);
   their biases likewise. Attention output and MLP down kernels: rows split over
-  `model`. Embedding, norms and the untied head: replicated.
+  `model`. Embedding, norms (Qwen3's per-head q/k norms [head_dim] too, the same
+  for every head) and the untied head: replicated.
 - prompts, lengths, per-row keys: rows split over `data`.
 - KV caches [B, K, S, hd]: rows over `data`, key/value heads over `model`.
 

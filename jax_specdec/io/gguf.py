@@ -7,10 +7,11 @@ memory stays near one dequantized copy of the weights. `jax_specdec.io.hf.load_m
 calls it for `.gguf` paths. `convert_gguf(path, out_dir)` writes the same weights as a
 Hugging Face directory.
 
-Architectures: `llama` (llama.cpp stores Mistral models under it too) and `qwen2`.
-llama.cpp permutes the rows of the llama q/k projections for its rotary kernel
-(`convert_hf_to_gguf.py`, `LlamaModel.permute`); they are permuted back here. Qwen2
-files are not permuted.
+Architectures: `llama` (llama.cpp stores Mistral models under it too), `qwen2` and
+`qwen3` (its per-head q/k norms are `attn_q_norm`/`attn_k_norm`). llama.cpp permutes
+the rows of the llama q/k projections for its rotary kernel (`convert_hf_to_gguf.py`,
+`LlamaModel.permute`); they are permuted back here. Qwen2 and Qwen3 files are not
+permuted.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ __all__ = [
 ]
 
 # GGUF general.architecture -> the Hugging Face architecture whose tensors it holds.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 _PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp permutes
 
 _MLP = ("gate", "up", "down")
@@ -49,6 +54,8 @@ _LAYER_NAMES = {
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     **{f"attn_{x}.{k}": f"self_attn.{x}_proj.{k}" for x in "qkv" for k in ("weight", "bias")},
     **{
         f"ffn_{x}.{k}": f"mlp.{x}_proj.{k}"
@@ -110,8 +117,9 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             norm_eps=float(need("attention.layer_norm_rms_epsilon")),
             rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
             qkv_bias=bias,
-            out_bias=bias and arch == "llama",
+            out_bias=bias and arch != "qwen2",  # qwen3's attention_bias covers o_proj
             mlp_bias="blk.0.ffn_up.bias" in names,
+            qk_norm=arch == "qwen3",
             tie_embeddings="output.weight" not in names,
             dtype=dtype_name(dtype or "float32"),
             param_dtype=dtype_name(dtype or "float32"),
@@ -122,7 +130,7 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face (Llama/Qwen2) name of a GGUF tensor, or None if it has none."""
+    """The Hugging Face (Llama/Qwen2/Qwen3) name of a GGUF tensor, or None if it has none."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK.fullmatch(gguf_name)
@@ -132,7 +140,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
 
 
 def gguf_tensor_name(hf_name: str) -> str:
-    """The GGUF name of a Hugging Face (Llama/Qwen2) tensor (inverse of `hf_tensor_name`)."""
+    """The GGUF name of a Hugging Face (Llama/Qwen2/Qwen3) tensor (inverse of `hf_tensor_name`)."""
     for gguf_name, name in _GLOBAL_NAMES.items():
         if name == hf_name:
             return gguf_name

@@ -1,8 +1,9 @@
 """Import and export of Hugging Face checkpoints (safetensors only, never pickle).
 
-Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and
-GPT2LMHeadModel. A model directory holds `config.json`, `model.safetensors` (or a
-sharded `model.safetensors.index.json`) and optionally `tokenizer.json`.
+Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+MistralForCausalLM and GPT2LMHeadModel. A model directory holds `config.json`,
+`model.safetensors` (or a sharded `model.safetensors.index.json`) and optionally
+`tokenizer.json`.
 
 Loading reads tensor names and shapes from the safetensors headers first, checks
 them against the config, and only then reads the data into a model that was built
@@ -262,7 +263,8 @@ def save_model(model: Transformer, path: Path_, tokenizer=None) -> None:
     Writes config.json, model.safetensors and, when given, tokenizer.json.
 
     Args:
-        model: a Llama-style or GPT-2-style `Transformer`.
+        model: a Llama-style (Qwen2- or Qwen3-style included) or GPT-2-style
+            `Transformer`.
         path: the directory (created if needed).
         tokenizer: optional `tokenizers.Tokenizer` (or an object with a
             `backend_tokenizer`, like a fast transformers tokenizer).

@@ -1,8 +1,9 @@
 """Hugging Face `config.json` <-> `TransformerConfig`.
 
-`config_from_hf` reads LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and
-GPT2LMHeadModel configs (by `architectures`, or by `model_type` when `architectures`
-is missing or null, as transformers does); `config_to_hf` writes the inverse.
+`config_from_hf` reads LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+MistralForCausalLM and GPT2LMHeadModel configs (by `architectures`, or by `model_type`
+when `architectures` is missing or null, as transformers does); `config_to_hf` writes
+the inverse.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from jax_specdec.nn.config import RopeScaling
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
     "MistralForCausalLM",
     "GPT2LMHeadModel",
 )
@@ -24,6 +26,7 @@ SUPPORTED_ARCHITECTURES = (
 _BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gpt2": "GPT2LMHeadModel",
 }
@@ -99,18 +102,21 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
     need = lambda key: _need(hf, key, arch)  # noqa: E731
     d, heads = need("hidden_size"), need("num_attention_heads")
     theta, scaling = _rope(hf, arch)
+    qwen3 = arch == "Qwen3ForCausalLM"
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
-    else:
+    else:  # Qwen3's attention_bias covers o_proj too, as Llama's; its MLP has none
         qkv_bias = out_bias = bool(hf.get("attention_bias", False))
-        mlp_bias = bool(hf.get("mlp_bias", False))
+        mlp_bias = bool(hf.get("mlp_bias", False)) and not qwen3
+    # transformers' Qwen3Config has head_dim 128 whatever the width, when it names none.
+    head_dim = hf.get("head_dim") or (128 if qwen3 else _per_head(d, heads))
     return TransformerConfig.llama(
         vocab_size=need("vocab_size"),
         d_model=d,
         num_layers=need("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or _per_head(d, heads),
+        head_dim=head_dim,
         mlp_dim=need("intermediate_size"),
         max_len=_max_len(hf, arch, need("max_position_embeddings")),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -119,6 +125,7 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
         qkv_bias=qkv_bias,
         out_bias=out_bias,
         mlp_bias=mlp_bias,
+        qk_norm=qwen3,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         dtype=dtype,
         param_dtype=dtype,
@@ -132,19 +139,37 @@ def _max_len(hf: dict[str, Any], arch: str, max_len: int) -> int:
         "MistralForCausalLM": window is not None,
         "Qwen2ForCausalLM": bool(hf.get("use_sliding_window"))
         or "sliding_attention" in (hf.get("layer_types") or ()),
+        "Qwen3ForCausalLM": _qwen3_window(hf),
     }.get(arch, False)
     return min(max_len, int(window)) if uses_window and window else max_len
+
+
+def _qwen3_window(hf: dict[str, Any]) -> bool:
+    """Whether a Qwen3 layer attends through a window, as transformers decides: only with
+    use_sliding_window, in the layers `layer_types` calls "sliding_attention" (without
+    it, the layers from max_window_layers on)."""
+    if not hf.get("use_sliding_window"):
+        return False
+    types = hf.get("layer_types")
+    if types:
+        return "sliding_attention" in types
+    first, layers = hf.get("max_window_layers", 28), hf.get("num_hidden_layers")
+    if isinstance(first, int) and isinstance(layers, int):
+        return first < layers
+    return True  # unreadable: capped, which is exact either way
 
 
 def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` dictionary for one of our configs.
 
     Llama-style models export as LlamaForCausalLM (Qwen2ForCausalLM when only q/k/v
-    have biases); GPT-2-style ones as GPT2LMHeadModel. Other combinations raise
-    ValueError.
+    have biases, Qwen3ForCausalLM with q/k norms); GPT-2-style ones as GPT2LMHeadModel.
+    Other combinations raise ValueError.
     """
     c = config
     if c.norm == "layer" and c.position == "learned" and c.mlp == "gelu":
+        if c.qk_norm:
+            raise ValueError("GPT-2 export has no q/k norms: qk_norm must be false")
         return _gpt2_to_hf(c)
     if not (c.norm == "rms" and c.position == "rope" and c.mlp == "swiglu"):
         raise ValueError(
@@ -184,7 +209,8 @@ def _gpt2_to_hf(c: TransformerConfig) -> dict[str, Any]:
 
 
 def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
-    """LlamaForCausalLM, or Qwen2ForCausalLM when only q/k/v have biases."""
+    """LlamaForCausalLM; Qwen2ForCausalLM when only q/k/v have biases; Qwen3ForCausalLM
+    with q/k norms."""
     common = {
         "vocab_size": c.vocab_size,
         "hidden_size": c.d_model,
@@ -201,6 +227,8 @@ def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
         "attention_dropout": 0.0,
         "dtype": c.param_dtype,
     }
+    if c.qk_norm:
+        return _qwen3_to_hf(c, common)
     if c.qkv_bias and not c.out_bias and not c.mlp_bias:
         if c.head_dim * c.num_heads != c.d_model:
             raise ValueError("Qwen2 export needs head_dim * num_heads == d_model")
@@ -221,6 +249,23 @@ def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
         "model_type": "llama",
         "attention_bias": c.qkv_bias,
         "mlp_bias": c.mlp_bias,
+        **common,
+    }
+
+
+def _qwen3_to_hf(c: TransformerConfig, common: dict[str, Any]) -> dict[str, Any]:
+    if c.mlp_bias or c.qkv_bias != c.out_bias:
+        raise ValueError(
+            "Qwen3 export (qk_norm) needs mlp_bias false and qkv_bias == out_bias "
+            "(HF attention_bias covers both)"
+        )
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": c.qkv_bias,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": c.num_layers,
         **common,
     }
 

@@ -92,6 +92,8 @@ def llama_entries(c: TransformerConfig) -> list[Entry]:
             )
             if bias:
                 entries.add(f"{h}{module}.{name}_proj.bias", (dim_out,), (*ours, "bias"))
+        for name in ("q_norm", "k_norm") if c.qk_norm else ():  # Qwen3's per-head norms
+            entries.add(f"{h}self_attn.{name}.weight", (c.head_dim,), (*b, "attn", name, "scale"))
     entries.add("model.norm.weight", (D,), ("final_norm", "scale"))
     if not c.tie_embeddings:
         entries.add("lm_head.weight", (V, D), ("lm_head",), transpose=True)
