@@ -12,7 +12,7 @@ import psutil
 import pytest
 from test_batch import SETTINGS, write_input
 
-from jax_specdec.batch_ray import id_hash
+from jax_specdec.batch.output import id_hash
 from jax_specdec.cli import main
 
 ray = pytest.importorskip("ray")

@@ -109,16 +109,6 @@ def context(target, draft) -> int:
     return min(lengths)
 
 
-def check_draft_length(num_draft_tokens: int, max_len: int) -> None:
-    """--num-draft-tokens below the models' context (each draft length up to it is a
-    branch of the compiled round: a γ past the context would compile without end)."""
-    if num_draft_tokens >= max_len:
-        raise ValueError(
-            f"--num-draft-tokens {num_draft_tokens} must be below the models' context of "
-            f"{max_len} tokens"
-        )
-
-
 def config_from_args(cls, args, **values):
     """The dataclass `cls` with each field read from the flag of the same name in `args`
     (fields without a flag keep their default); `values` set the rest by hand."""
@@ -174,52 +164,3 @@ def trees(text: str) -> list:
         except (TypeError, ValueError) as e:
             raise ValueError(f"--trees: {item!r} is not NODES:DEPTH:BRANCH ({e})") from None
     return out
-
-
-def acceptance(args):
-    """--acceptance as the rule for `Generator(acceptance=...)` (None: the default)."""
-    if args.acceptance == "token":
-        return None
-    if getattr(args, "tree", None) is not None:
-        raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
-    from jax_specdec.acceptance import accept_block_with_noise
-
-    return accept_block_with_noise
-
-
-def tree(args, depth: int):
-    """--tree and --branch as a `Tree` of `depth` (None without --tree)."""
-    if args.tree is None:
-        return None
-    from jax_specdec.decode.tree import Tree
-
-    if args.tree < 1 or args.branch < 1:
-        bad = "--tree" if args.tree < 1 else "--branch"
-        raise ValueError(f"{bad} must be >= 1, got {getattr(args, bad[2:])}")
-    if args.tree < depth:
-        raise ValueError(
-            f"--tree ({args.tree} nodes) cannot reach the depth of the draft tokens ({depth}): "
-            "give at least that many nodes or fewer draft tokens"
-        )
-    return Tree(args.tree, depth, args.branch)
-
-
-def sampling(args):
-    from jax_specdec.sampling import SamplingConfig
-
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-
-
-def eos(text: str, loaded: Loaded) -> int | None:
-    """--eos: "auto" is the EOS the target states, else its tokenizer's <|endoftext|>;
-    "none" is no EOS; else a token id."""
-    if text == "auto":
-        from jax_specdec.io.hf import eos_token_id
-
-        stated = eos_token_id(loaded.target_dir)
-        return loaded.tokenizer.token_to_id("<|endoftext|>") if stated is None else stated
-    if text == "none":
-        return None
-    if not text.isdigit():
-        raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {text!r}")
-    return int(text)

@@ -1,17 +1,17 @@
 """One batch job over the processes of a `jax.distributed` run (`jax-specdec batch
 --distributed`): every host of a slice runs the same command.
 
-Every process reads the input and loads the models. Before anything is generated the
-processes compare the SHA-256 of their input file, of their model files and of their
-flags (`check_same`): if one differs, every process stops with the same error, naming
-it. Process 0 alone reads the output (the job file, the finished ids, a torn last line
-cut off) and broadcasts the rows still to run, as indexes into the input; every process
-then cuts the same calls (`plan_batches`) under the job's one `SamplingPlan` and makes
-the same sequence of calls to the same compiled program, on a mesh over all processes'
-devices. Each call's output is gathered to every process (`process_allgather`); process
-0 alone writes the lines (appended and synced call by call), the job file, the progress
-bar and the summary. The file is the one a one-process job writes, byte for byte, so
-either kind of run resumes the other's output.
+Every process joins the job and compares the SHA-256 of its input file, of its model
+files and of its flags (`join`, `check_same`) before anything is loaded: if one differs,
+every process stops with the same error, naming it. Every process then reads the input
+and loads the models. Process 0 alone reads the output (the job file, the finished ids,
+a torn last line cut off) and broadcasts the rows still to run, as indexes into the
+input; every process then cuts the same calls (`plan_batches`) under the job's one
+`SamplingPlan` and makes the same sequence of calls to the same compiled program, on a
+mesh over all processes' devices. Each call's output is gathered to every process
+(`process_allgather`); process 0 alone writes the lines (`output.append`, call by call),
+the job file, the progress bar and the summary. The file is the one a one-process job
+writes, byte for byte, so either kind of run resumes the other's output.
 
 A process that dies leaves the others waiting in a collective: stop them all and run the
 same command on every process again; the rows already written are not run again.
@@ -19,6 +19,7 @@ same command on every process again; the rows already written are not run again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -27,8 +28,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jax_specdec.batch import _file_digest, _pending
-from jax_specdec.batch_input import JobError, JobRow
+from jax_specdec.batch.input import JobError, JobRow
+from jax_specdec.batch.output import file_digest, model_identity, pending
+from jax_specdec.batch.settings import BatchSettings
 
 __all__ = [
     "check_same",
@@ -36,6 +38,7 @@ __all__ = [
     "flags_digest",
     "Hosts",
     "initialize",
+    "join",
 ]
 
 MISSING = bytes(32)  # the digest of a file a process does not have
@@ -57,7 +60,7 @@ def initialize(
 def digest(path) -> bytes:
     """The SHA-256 of a file (MISSING if there is none)."""
     path = pathlib.Path(path)
-    return bytes.fromhex(_file_digest(path)) if path.is_file() else MISSING
+    return bytes.fromhex(file_digest(path)) if path.is_file() else MISSING
 
 
 def check_same(items: dict[str, bytes]) -> None:
@@ -98,7 +101,7 @@ def _agree_pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> list[
     status, payload = 0, np.zeros(0, np.int32)
     if jax.process_index() == 0:
         try:
-            done, _ = _pending(rows, output, job)
+            done, _ = pending(rows, output, job)
             payload = np.array([i for i, r in enumerate(rows) if r.key not in done], np.int32)
         except (JobError, OSError) as e:
             status, payload = 1, np.frombuffer(str(e).encode(), np.uint8).astype(np.int32)
@@ -137,7 +140,7 @@ def _agreed(stop):
 
 
 class Hosts:
-    """The hooks `batch.run_job(..., hosts=Hosts())` runs a job over the processes of a
+    """The hooks `run.run_job(..., hosts=Hosts())` runs a job over the processes of a
     `jax.distributed` run with (see the module's docstring): `rows`, `job`, the call
     settings and `generate` (on a mesh over all processes' devices) must be the same on
     every process; the output path is read and written by process 0 only."""
@@ -157,6 +160,24 @@ class Hosts:
     agreed = staticmethod(_agreed)
 
 
-def flags_digest(settings: dict) -> bytes:
-    """The SHA-256 of a command's settings (JSON, keys sorted)."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
+def flags_digest(settings: BatchSettings) -> bytes:
+    """The SHA-256 of a job's settings (JSON, keys sorted), this process's place apart."""
+    fields = dataclasses.asdict(dataclasses.replace(settings, distributed=None))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).digest()
+
+
+def join(settings: BatchSettings) -> None:
+    """Joins the `jax.distributed` job at `settings.distributed`, then checks that every
+    process runs the same command on the same input and model files (before anything is
+    loaded or compiled)."""
+    initialize(**dataclasses.asdict(settings.distributed))
+    models = [model_identity(settings.decode.target), model_identity(settings.draft)]
+    check_same(
+        {
+            f"--input {settings.input}": digest(settings.input),
+            "the model files (--target, --draft)": hashlib.sha256(
+                json.dumps(models).encode()
+            ).digest(),
+            "the command's flags": flags_digest(settings),
+        }
+    )

@@ -1,7 +1,8 @@
-"""The input of a batch job (`jax_specdec.batch`): one JSON object per line, each checked
-when the file is read (fields, ids, seeds, sampling, and that the prompt and its budget
-fit the models' context), so a bad row is named by its line and id before anything is
-compiled or written.
+"""The input of a batch job: one JSON object per line, each checked when the file is read
+(fields, ids, seeds, sampling, and that the prompt and its budget fit the models'
+context), so a bad row is named by its line and id before anything is compiled or
+written. A row without a seed of its own gets one derived from the job seed and its id
+(`derive_seed`); its key is the seed's (`decode.request.seed_key_data`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ import dataclasses
 import hashlib
 import json
 
-import numpy as np
-
-from jax_specdec.decode.request import INT32_MAX, seed_key_data
+from jax_specdec.decode.request import INT32_MAX
 from jax_specdec.sampling import SamplingConfig
 
-__all__ = ["JobError", "JobRow", "derive_seed", "read_rows", "seed_key_data"]
+__all__ = ["JobError", "JobRow", "derive_seed", "read_rows"]
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 _KNOWN = {"id", "prompt", "tokens", "seed", "max_new_tokens", *_SAMPLING_FIELDS}

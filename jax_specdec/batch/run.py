@@ -1,14 +1,4 @@
-"""Resumable JSONL generation jobs (`jax-specdec batch`).
-
-Input: one JSON object per line with an `id` (string or integer, unique) and either a
-`prompt` (text) or `tokens` (ids); optionally `seed` (integer >= 0), `temperature`,
-`top_k`, `top_p` and `max_new_tokens` overriding the job's defaults.
-
-Output: one JSON object per finished row, `{"id", "seed", "tokens", "text", "stats"}`,
-appended and flushed call by call, plus `<output>.job.json` recording what the job
-is (models, seed, schedule, defaults, input), written with the first row: a restart
-with a different job is refused. Every input line is checked when the file is read
-(`jax_specdec.batch_input`), before anything is compiled or written.
+"""Running a batch job in one process (`run_job`), or in each process of many (`hosts`).
 
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
@@ -24,15 +14,12 @@ until its slowest row is done. The plan covers all rows, and a restart runs the 
 the finished ids. A row's tokens depend on its seed and prompt only (the loop keeps
 rows independent), so the output does not depend on slots, batch size, bucketing,
 order or restarts; an interrupted and restarted job writes the same lines in the
-same order.
+same order (`output`).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
 import pathlib
 import time
 import warnings
@@ -40,20 +27,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jax_specdec.batch_input import JobError, JobRow, derive_seed, read_rows, seed_key_data
+from jax_specdec.batch.input import JobError, JobRow
+from jax_specdec.batch.output import Tally, append, lines, pending, progress_bar
+from jax_specdec.decode.request import seed_key_data
 from jax_specdec.sampling import RowSampling, SamplingPlan
 
-__all__ = [
-    "CALL_SLOTS",
-    "JobError",
-    "JobRow",
-    "derive_seed",
-    "make_generate",
-    "plan_batches",
-    "read_rows",
-    "run_job",
-    "seed_key_data",
-]
+__all__ = ["CALL_SLOTS", "call_limit", "make_generate", "plan_batches", "run_call", "run_job"]
 
 # With slots, one call runs up to CALL_SLOTS x slots rows: a killed job redoes at most
 # one call, and a call's last rows leave slots idle only at its end.
@@ -89,73 +68,6 @@ def _fits(call: list[JobRow], max_len: int | None) -> bool:
     return max(len(r.tokens) for r in call) + max(r.max_new_tokens for r in call) <= max_len
 
 
-def _finished_ids(output: pathlib.Path) -> set[str]:
-    """Ids already in the output; a torn last line (no newline, or not JSON) is cut off."""
-    if not output.exists():
-        return set()
-    data = output.read_bytes()
-    cut = data.rfind(b"\n") + 1
-    if cut < len(data):
-        with open(output, "r+b") as f:  # torn last line: drop it, its row runs again
-            f.truncate(cut)
-        data = data[:cut]
-    done = set()
-    for n, text in enumerate(data.decode("utf-8").splitlines(), start=1):
-        try:
-            done.add(json.dumps(json.loads(text)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise JobError(f"{output} line {n} is not a result line of this tool") from None
-    return done
-
-
-def _file_digest(path: pathlib.Path) -> str:
-    """The SHA-256 (hex) of a file, hashed once while its size and time stay the same (a
-    multi-host job checks the model files before `model_identity` records them)."""
-    stat = os.stat(path)
-    return _digest(str(pathlib.Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def model_identity(model_dir) -> dict:
-    d = pathlib.Path(model_dir)
-    return {
-        "path": str(d),
-        "sha256": {
-            name: _file_digest(d / name)
-            for name in ("config.json", "model.safetensors")
-            if (d / name).is_file()
-        },
-    }
-
-
-def _job_file(output: pathlib.Path) -> pathlib.Path:
-    return output.with_name(output.name + ".job.json")
-
-
-def _check_job(output: pathlib.Path, job: dict) -> None:
-    """Checks that an existing <output>.job.json describes this job (it is written with
-    the first row, so a job that failed before any row leaves its output path free)."""
-    meta = _job_file(output)
-    if meta.exists():
-        old = json.loads(meta.read_text())
-        differs = sorted(k for k in set(old) | set(job) if old.get(k) != job.get(k))
-        if differs:
-            raise JobError(
-                f"{output} belongs to a different job ({', '.join(differs)} differ, see "
-                f"{meta}); use a new output file or delete both"
-            )
-    elif output.exists() and output.stat().st_size > 0:
-        raise JobError(f"{output} exists but has no {meta.name}: not an output of this tool")
-
-
 def make_generate(
     target,
     draft,
@@ -165,7 +77,7 @@ def make_generate(
     mesh=None,
     num_slots=None,
     tree=None,
-    acceptance=None,
+    acceptance: str = "token",
 ):
     """The `generate` of `run_job`: speculative decoding with `draft` (with `tree` and
     `acceptance` as `Generator` takes them), or autoregressive
@@ -181,9 +93,9 @@ def make_generate(
 
     data = 1 if mesh is None else mesh.shape["data"]
     models = (target,) if draft is None else (target, draft)
-    rounds = {} if draft is None else dict(num_draft_tokens=num_draft_tokens, tree=tree)
+    rounds = {}
     if draft is not None:
-        rounds["acceptance"] = acceptance
+        rounds = dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
     # Made once: the weights are placed on the mesh once for all calls.
     generator = Generator(*models, **rounds, eos_token_id=eos_token_id, mesh=mesh)
     # A mesh over several processes' devices: the output comes back whole on every process.
@@ -244,7 +156,7 @@ def run_job(
         that do not fit in it together.
       stop: fn() -> bool, asked between calls: True ends the job there (resumable).
       hosts: for a job over the processes of a `jax.distributed` run,
-        `batch_multihost.Hosts()`: process 0 reads `output` and tells every process the
+        `multihost.Hosts()`: process 0 reads `output` and tells every process the
         rows still to run, each call's output is gathered to every process, `stop` asked
         of all, and process 0 alone writes (and shows progress).
 
@@ -253,40 +165,25 @@ def run_job(
     """
     output = pathlib.Path(output)
     if hosts is None:
-        pending, write = _pending(rows, output, job)[1], True
+        todo, lead = pending(rows, output, job)[1], True
     else:
-        pending, write = hosts.pending(rows, output, job), hosts.lead
-        generate, stop, progress = hosts.gathered(generate), hosts.agreed(stop), progress and write
-    limit = _call_limit(batch_size, slots, rows_per_call)
-    plan = plan_batches(pending, limit, by_budget=slots is None, max_len=max_len)
+        todo, lead = hosts.pending(rows, output, job), hosts.lead
+        generate, stop, progress = hosts.gathered(generate), hosts.agreed(stop), progress and lead
+    limit = call_limit(batch_size, slots, rows_per_call)
+    plan = plan_batches(todo, limit, by_budget=slots is None, max_len=max_len)
     # One sampling plan for every call (of all the job's rows, so a restart compiles the
     # same program): rows of any settings share calls and programs.
     sampling = SamplingPlan.of([r.sampling for r in rows])
-    counters = ("rows", "tokens", "accepted", "rejected", "rounds", "drafted", "slot_rounds")
-    totals = dict.fromkeys(counters, 0)
+    run = functools.partial(run_call, generate=generate, detokenize=detokenize, plan=sampling)
+    write = functools.partial(append, output, job) if lead else None
     start = time.perf_counter()
-    run = functools.partial(_run_batch, generate=generate, detokenize=detokenize, plan=sampling)
-    interrupted = _append(output, job, plan, totals, run, progress, stop, write=write)
-    summary = _summary(totals, len(rows) - len(pending), time.perf_counter() - start)
+    tally, interrupted = _run_calls(plan, run, write, progress, stop)
+    summary = tally.summary(len(rows) - len(todo), time.perf_counter() - start)
     extra = {} if hosts is None else {"processes": hosts.count}
     return {**summary, **extra, "interrupted": interrupted}
 
 
-def _pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> tuple[set[str], list[JobRow]]:
-    """Checks that `output` is free or belongs to this job; returns (the finished ids, the
-    rows still to run)."""
-    _check_job(output, job)
-    done = _finished_ids(output)
-    unknown = done - {r.key for r in rows}
-    if unknown:
-        raise JobError(
-            f"{output} holds {len(unknown)} id(s) that are not in the input, e.g. "
-            f"{sorted(unknown)[0]}: it belongs to a different job"
-        )
-    return done, [r for r in rows if r.key not in done]
-
-
-def _call_limit(batch_size: int, slots: int | None, rows_per_call: int | None) -> int:
+def call_limit(batch_size: int, slots: int | None, rows_per_call: int | None) -> int:
     """Rows per call: a fixed batch (split by budget too), or a call through the slots
     (whatever the budgets)."""
     if slots is None:
@@ -294,46 +191,25 @@ def _call_limit(batch_size: int, slots: int | None, rows_per_call: int | None) -
     return rows_per_call or CALL_SLOTS * slots
 
 
-def _append(output, job, plan, totals, run, progress, stop, *, write: bool = True) -> bool:
-    """Runs the plan's calls with `run` (`_run_batch`), appending each call's lines (the
-    job file with the first) if `write`; returns whether `stop` ended it early."""
-    from tqdm.auto import tqdm
-
-    start = time.perf_counter()
-    bar = tqdm(total=sum(map(len, plan)), desc="batch", unit="row", disable=not progress)
-    with bar:
+def _run_calls(plan, run, write, progress: bool, stop) -> tuple[Tally, bool]:
+    """Runs the plan's calls with `run` (`run_call`), handing each call's lines to `write`
+    (`output.append`; None: not written); returns the rows' tally and whether `stop`
+    ended the job early."""
+    tally, start = Tally(), time.perf_counter()
+    with progress_bar(sum(map(len, plan)), progress) as bar:
         for batch in plan:
             if stop is not None and stop():
-                return True
-            results, slot_rounds = run(batch)
-            totals["slot_rounds"] += slot_rounds
-            if write:
-                _write_call(output, job, results)
-            _add_up(totals, results)
+                return tally, True
+            records, slot_rounds = run(batch)
+            if write is not None:
+                write(lines(records))
+            tally = tally.plus(records, slot_rounds)
             bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{totals['tokens'] / (time.perf_counter() - start):.0f}")
-    return False
+            bar.set_postfix(tok_s=f"{tally.tokens / (time.perf_counter() - start):.0f}")
+    return tally, False
 
 
-def _write_call(output: pathlib.Path, job: dict, results: list[dict]) -> None:
-    if not _job_file(output).exists():
-        _job_file(output).write_text(json.dumps(job, indent=1) + "\n")
-    # Appended and synced call by call: a killed job loses at most this call.
-    with open(output, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in results))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _add_up(totals: dict, results: list[dict]) -> None:
-    totals["rows"] += len(results)
-    for r in results:
-        totals["tokens"] += r["stats"]["generated"]
-        for k in ("rounds", "drafted", "accepted", "rejected"):
-            totals[k] += r["stats"][k]
-
-
-def _run_batch(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict], int]:
+def run_call(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict], int]:
     """One call of `generate` (rows sampled under the job's `SamplingPlan`): an output
     record per row, and the call's slot-rounds."""
     import jax
@@ -364,19 +240,3 @@ def _run_batch(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[di
             {"id": row.id, "seed": row.seed, "tokens": ids, "text": text, "stats": stats}
         )
     return records, int(out.stats.slot_rounds)
-
-
-def _summary(totals: dict, skipped: int, seconds: float) -> dict:
-    judged = totals["accepted"] + totals["rejected"]
-    rounds = totals["rounds"]
-    return {
-        "rows_run": totals["rows"],
-        "rows_skipped_as_finished": skipped,
-        "tokens": totals["tokens"],
-        "seconds": seconds,
-        "tokens_per_second": totals["tokens"] / seconds if seconds else 0.0,
-        "rows_per_second": totals["rows"] / seconds if seconds else 0.0,
-        "alpha": totals["accepted"] / judged if judged else None,
-        "tokens_per_round": (totals["tokens"] - totals["rows"]) / rounds if rounds else None,
-        "occupancy": rounds / totals["slot_rounds"] if totals["slot_rounds"] else None,
-    }
