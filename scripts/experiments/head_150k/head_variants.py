@@ -44,7 +44,7 @@ def main() -> None:
     target = load_model(zoo.resolve(args.target))
     work = pathlib.Path(args.work_dir)
     train, valid = load_features(work / args.data), load_features(work / args.valid)
-    train = type(train)(*(a[: args.windows] for a in train))
+    train = type(train)(*(None if a is None else a[: args.windows] for a in train))
     config = FeatureHeadConfig.for_target(target.config, args.kept, num_layers=args.layers)
     head = FeatureHead(config, rngs=nnx.Rngs(0))
     init_from_target(head, target, kept_vocabulary(train, args.kept, target.config.vocab_size))

@@ -1,4 +1,6 @@
-"""Probe variants of the feature head on the same windows, seed and steps; held-out
+"""No longer runs (see the SystemExit below); kept as the record of its run.
+
+Probe variants of the feature head on the same windows, seed and steps; held-out
 agreement per draft step. Variants (`--variants`):
 
 - "top": the shipped recipe's head (one layer, K 8192, unroll 3, feature weight 0.1),
@@ -35,13 +37,18 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jax_specdec.io import zoo
-from jax_specdec.io.hf import load_model
-from jax_specdec.nn.attention import heads_first
-from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features
-from jax_specdec.training import head_train
-from jax_specdec.training.head_data import FeatureSet, kept_vocabulary
-from jax_specdec.training.head_train import (
+raise SystemExit(
+    "this probe no longer runs: it used jax_specdec.training.head_train._loss (private), "
+    "which takes a five-part batch since 8f59e4d; see git history before 8f59e4d"
+)
+
+from jax_specdec.io import zoo  # noqa: E402
+from jax_specdec.io.hf import load_model  # noqa: E402
+from jax_specdec.nn.attention import heads_first  # noqa: E402
+from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig, previous_features  # noqa: E402
+from jax_specdec.training import head_train  # noqa: E402
+from jax_specdec.training.head_data import FeatureSet, kept_vocabulary  # noqa: E402
+from jax_specdec.training.head_train import (  # noqa: E402
     HeadTrainConfig,
     feature_scale,
     init_from_target,

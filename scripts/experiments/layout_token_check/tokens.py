@@ -8,12 +8,17 @@ import numpy as np
 
 from jax_specdec import SamplingConfig, load_head, speculative_generate
 
+try:  # the drafters in decode/drafters/
+    from jax_specdec.decode.drafters import attach_head as attach
+except ImportError:
+    try:  # before: decode/head_drafter.py
+        from jax_specdec.decode.head_drafter import attach_head as attach
+    except ImportError:  # before io/ and training/
+        from jax_specdec.decode.feature_drafter import attach
 try:
-    from jax_specdec.decode.head_drafter import attach_head as attach
     from jax_specdec.io import zoo
     from jax_specdec.io.hf import load_model, load_tokenizer
 except ImportError:
-    from jax_specdec.decode.feature_drafter import attach
     from jax_specdec.hf import load_model, load_tokenizer
 
     from jax_specdec import zoo

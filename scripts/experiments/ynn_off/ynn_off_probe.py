@@ -27,13 +27,9 @@ def pair(which: str):
         target = Transformer(TransformerConfig.bench_target(), rngs=nnx.Rngs(0), init_scale=0.02)
         draft = Transformer(TransformerConfig.bench_draft(), rngs=nnx.Rngs(1), init_scale=0.02)
         return target, draft, 4096
-    from jax_specdec.cli.common import model_dir
-    from jax_specdec.decode.head_drafter import attach_head
-    from jax_specdec.io.hf import load_model, load_tokenizer
+    from jax_specdec.cli.common import load_pair
 
-    directory = model_dir("smollm2-135m", "target")
-    target = load_model(directory)
-    head = attach_head("models/smollm2-135m-eagle", target, load_tokenizer(directory))
+    target, head = load_pair("smollm2-135m", "models/smollm2-135m-eagle")[:2]
     return target, head, target.config.vocab_size
 
 
