@@ -36,6 +36,13 @@ def add_parser(sub) -> None:
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
     common.add_round_flags(gen)
     common.add_sampling_flags(gen)
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as one user message in the target's own chat template "
+        "(tokenizer_config.json, chat_template.jinja or the GGUF's), with the prompt "
+        "for the assistant's answer",
+    )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument(
         "--compare",
@@ -57,6 +64,22 @@ def _prompts(args) -> list[str]:
     if not prompts or any(not p for p in prompts):
         raise ValueError("the prompt is empty")
     return prompts
+
+
+def _encode(chat: bool, loaded, prompts: list[str]) -> list[list[int]]:
+    """The prompts' ids: as text, or with --chat each as one user message."""
+    if not chat:
+        return [loaded.tokenizer.encode(p).ids for p in prompts]
+    from jax_specdec.io.chat import encode_chat, load_chat_template
+
+    template = load_chat_template(loaded.target_dir)
+    if template is None:
+        raise ValueError(
+            f"--chat: {loaded.target_dir} has no chat template (no chat_template in "
+            "tokenizer_config.json, no chat_template.jinja, no tokenizer.chat_template)"
+        )
+    user = lambda text: [{"role": "user", "content": text}]
+    return [encode_chat(loaded.tokenizer, template, user(p)) for p in prompts]
 
 
 def _generate(settings: DecodeSettings, compare: bool, loaded, ids, max_new_tokens) -> dict:
@@ -153,7 +176,7 @@ def run(args, parser) -> int:
         loaded = common.load_pair(settings.target, settings.draft)
         settings.check_context(common.context(loaded.target, loaded.draft))
         tokenizer = loaded.tokenizer
-        ids = [tokenizer.encode(p).ids for p in prompts]
+        ids = _encode(args.chat, loaded, prompts)
         result = _generate(settings, args.compare, loaded, ids, args.max_new_tokens)
         _check_finite(args, result)
     except (ValueError, OSError) as e:
