@@ -162,8 +162,10 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     with --explore, the exploring cost model beside the plain one."""
     from flax import nnx
 
+    from jax_specdec.decode import as_drafter
     from jax_specdec.io.heads import save_head, tokenizer_sha256
     from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
+    from jax_specdec.schedules import Constant
 
     target, tokenizer = load_model(pair / "target"), load_tokenizer(pair / "target")
     config = FeatureHeadConfig.for_target(
@@ -174,7 +176,8 @@ def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     save_head(head, tmp_path / "head")
     # as a Ray job's driver loads it: the head attached to the target's shapes only
     shapes = load_pair(str(pair / "target"), str(tmp_path / "head"), weights=False)
-    assert isinstance(shapes.draft.embed.get_value(), jax.ShapeDtypeStruct)
+    attached = as_drafter(shapes.draft, shapes.target, schedule=Constant(4)).model
+    assert isinstance(attached.embed.get_value(), jax.ShapeDtypeStruct)
     assert context(shapes.target, shapes.draft) == context(target, shapes.draft)
     out = tmp_path / "sweep"
     extra = ["--explore", "1", "--trees", "4:2:2"]

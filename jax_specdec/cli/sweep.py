@@ -79,7 +79,10 @@ def run(args, parser) -> int:
     try:
         _check(args)
         prompts = common.read_prompts(args.prompts)
+        from jax_specdec.decode.drafters import drafting_model
+
         target, draft, tokenizer, _ = common.load_pair(args.target, args.draft)
+        draft = drafting_model(draft, target)  # a head attached to the target, once
         if args.trees and not hasattr(draft, "head"):
             raise ValueError(
                 "--trees needs a feature head as --draft (a draft model drafts chains)"

@@ -17,7 +17,7 @@ from jax_specdec.decode.drafters.draft_model import DraftModel, EarlyExit
 from jax_specdec.decode.drafters.eagle3 import Eagle3Drafter, attach_eagle3
 from jax_specdec.decode.drafters.feature_head import AttachedHead, HeadDrafter, attach_head
 from jax_specdec.decode.drafters.ngram import NGram
-from jax_specdec.decode.drafters.resolve import Drafting, as_drafter, is_drafter
+from jax_specdec.decode.drafters.resolve import Drafting, as_drafter, drafting_model, is_drafter
 
 __all__ = [
     "AttachedHead",
@@ -33,5 +33,6 @@ __all__ = [
     "as_drafter",
     "attach_eagle3",
     "attach_head",
+    "drafting_model",
     "is_drafter",
 ]

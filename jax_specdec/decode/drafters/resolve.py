@@ -22,7 +22,7 @@ from jax_specdec.nn.eagle3 import Eagle3Head
 from jax_specdec.nn.feature_head import FeatureHead
 from jax_specdec.schedules import Confidence, Constant
 
-__all__ = ["Drafting", "as_drafter", "is_drafter"]
+__all__ = ["Drafting", "as_drafter", "drafting_model", "is_drafter"]
 
 PROTOCOL = ("init", "prepare", "propose", "commit", "load")
 
@@ -70,6 +70,13 @@ def as_drafter(draft, target: Transformer, *, schedule, vocab_size=None) -> Draf
         )
     drafter, model = _drafter_and_model(draft, target)
     return Drafting(drafter, model, target.config.vocab_size, schedule)
+
+
+def drafting_model(draft, target: Transformer):
+    """The model `draft` drafts with for `target` (a head attached to it, a draft model as
+    it is), or `draft` itself for a model-free drafter: what the benchmarks time."""
+    model = as_drafter(draft, target, schedule=Constant(1)).model
+    return draft if model is None else model
 
 
 def _drafter_and_model(draft, target):
