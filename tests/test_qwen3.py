@@ -462,3 +462,19 @@ def test_greedy_on_a_mesh_gives_the_one_device_tokens():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["devices"] == 4 and out["mesh"] == out["one"]
+
+
+def test_a_head_built_for_a_qwen3_target_is_qwen3_style_and_saves(target, tmp_path):
+    """`train-drafter --kind eagle3` on a Qwen3 target: its head's layer has the q/k
+    norms as the `speculators` style says (not twice, not missing), saves and reloads."""
+    from jax_specdec.io.heads import load_head
+    from jax_specdec.training.head_recipe import _eagle3_config
+
+    config = _eagle3_config(target, GEN_VOCAB, 1, (0, 1, 2), "tiny")
+    assert config.style == "qwen3" and not config.layer.qk_norm
+    head = Eagle3Head(config, rngs=nnx.Rngs(0), init_scale=0.1)
+    save_speculators(head, tmp_path / "head")
+    loaded = load_head(tmp_path / "head")
+    assert loaded.config.style == "qwen3" and loaded.layers[0].attn.q_norm is not None
+    out = Generator(target, loaded, schedule=3)(PROMPTS, **CALL)
+    same_tokens(out, Generator(target)(PROMPTS, **CALL))

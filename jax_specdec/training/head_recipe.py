@@ -250,15 +250,20 @@ def build_head(
 def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Config:
     """An EAGLE-3 head shaped like the target's layers, reading `aux_layers` (default
     `default_aux_layer_ids`), `layers` decoder layers (1) and `kept` draft tokens (8192),
-    the target's embedding (not stored), Llama-style."""
+    the target's embedding (not stored), in the target's style (Qwen3-style q/k norms
+    where the target has them)."""
     tc = target.config
     ids = default_aux_layer_ids(tc.num_layers) if aux_layers is None else tuple(aux_layers)
     for i in ids:
         if not 0 <= i <= tc.num_layers:
             raise ValueError(f"aux layer {i} is not a layer id of the target (0 … {tc.num_layers})")
     verifier = verifier_of(target_name, tc)
+    layer = tc.replace(
+        num_layers=1 if layers is None else layers, tie_embeddings=False, qk_norm=False
+    )
     return Eagle3Config(
-        layer=tc.replace(num_layers=1 if layers is None else layers, tie_embeddings=False),
+        layer=layer,  # the head's q/k norms are its `style`, as speculators configs say
+        style="qwen3" if tc.qk_norm else "llama",
         draft_vocab_size=8192 if kept is None else kept,
         aux_layer_ids=ids,
         has_embed=False,
