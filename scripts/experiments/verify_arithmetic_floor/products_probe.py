@@ -1,4 +1,6 @@
-"""Products of M rows with one weight matrix: our kernel against XLA's own, for each shape
+"""No longer runs (see the SystemExit below); kept as the record of its run.
+
+Products of M rows with one weight matrix: our kernel against XLA's own, for each shape
 of a SmolLM2-135M layer and for its LM head. The layer shapes take 8 different weights
 per call (at most 28 MB together: they sit in the 32 MB L3, so those rows measure
 arithmetic, not the stream from memory); the LM head is one 113 MB matrix.
@@ -13,7 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_specdec.kernels import cpu_matmul
+raise SystemExit(
+    "this probe no longer runs: it timed jax_specdec.kernels.cpu_matmul.matmul on 16 and 40 "
+    "rows, which the kernel no longer takes (its 9-64-row tiles were removed in 164ad07); "
+    "see git history before 164ad07"
+)
+
+from jax_specdec.kernels import cpu_matmul  # noqa: E402
 
 LAYER_SHAPES = ((576, 1536), (1536, 576), (576, 576), (576, 192))
 
