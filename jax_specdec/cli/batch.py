@@ -64,6 +64,12 @@ def add_parser(sub) -> None:
         help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices; with "
         "--distributed, all processes' devices)",
     )
+    _add_ray_flags(job)
+    _add_distributed_flags(job)
+    job.set_defaults(handler=run, parser=job)
+
+
+def _add_ray_flags(job) -> None:
     job.add_argument(
         "--ray",
         nargs="?",
@@ -82,6 +88,9 @@ def add_parser(sub) -> None:
         metavar="NAME=N[,NAME=N]",
         help="one Ray worker's resources, e.g. CPU=1 (default), TPU=4 or GPU=1",
     )
+
+
+def _add_distributed_flags(job) -> None:
     job.add_argument(
         "--distributed",
         action="store_true",
@@ -95,7 +104,6 @@ def add_parser(sub) -> None:
     job.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
     job.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
     job.add_argument("--process-id", type=int, metavar="I", help="this process's index, in [0, N)")
-    job.set_defaults(handler=run, parser=job)
 
 
 class _Job(NamedTuple):
