@@ -45,8 +45,11 @@ def add_parser(sub) -> None:
 def run(args, parser) -> int:
     from jax_specdec.io import speculators
     from jax_specdec.io.heads import is_feature_head
+    from jax_specdec.io.hub import hub_snapshot, is_hub_id
 
     try:
+        if not Path(args.input).exists() and is_hub_id(args.input):  # org/name[@revision]
+            args.input = str(hub_snapshot(args.input, "input"))
         if is_feature_head(args.input):
             raise ValueError(f"{args.input} is a feature head, not an EAGLE-3 head")
         head = speculators.load_eagle3(args.input, **_overrides(args))

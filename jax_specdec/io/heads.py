@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from jax_specdec.io.hub import hub_snapshot, is_hub_id
 from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 
@@ -85,13 +86,15 @@ def load_head(path: str | os.PathLike, param_dtype: str | None = None):
 
     `path` is a feature head's directory (`save_head`: a `FeatureHead`), or an EAGLE-3
     head's in the `speculators` format or the original EAGLE-3 release layout (an
-    `Eagle3Head`, `jax_specdec.io.speculators`).
+    `Eagle3Head`, `jax_specdec.io.speculators`); or a Hub id of either (`io.hub`).
 
     Its weights take the config's `param_dtype` (that of the saved tensors, for a head
     written by `save_head`), or `param_dtype` ("float32", "float16", "bfloat16") if
     given: e.g. "float32" to train it further.
     """
     directory = Path(path)
+    if not directory.exists() and is_hub_id(str(path)):  # org/name[@revision]
+        directory = hub_snapshot(str(path), "path")
     if not is_feature_head(directory):
         from jax_specdec.io import speculators
 

@@ -29,6 +29,7 @@ from jax_specdec.io.hf_config import (
     config_to_hf,
     dtype_name,
 )
+from jax_specdec.io.hub import hub_snapshot, is_hub_id
 from jax_specdec.io.layout import Entry, build_model, hf_entries
 from jax_specdec.io.weights import brief, open_safetensors
 from jax_specdec.nn import Transformer
@@ -60,7 +61,8 @@ def load_model(
 
     Args:
         path: directory with config.json and model.safetensors (or a sharded
-            model.safetensors.index.json), or a `.gguf` file (see `jax_specdec.io.gguf`).
+            model.safetensors.index.json), a `.gguf` file (see `jax_specdec.io.gguf`), or
+            a Hugging Face Hub id `org/name[@revision]` (`io.hub.hub_snapshot`).
         dtype: "float32" or "bfloat16" for parameters and activations; None keeps
             bfloat16 checkpoints in bfloat16 and loads everything else as float32.
         weights: False checks the files as for a load (config, tensor names and shapes)
@@ -230,6 +232,8 @@ def _weight_files(directory: Path) -> list[Path]:
 
 def _directory(path: Path_) -> Path:
     directory = Path(path)
+    if not directory.exists() and is_hub_id(str(path)):  # org/name[@revision]
+        directory = hub_snapshot(str(path), "path")
     if directory.is_file():
         raise ValueError(f"{directory} is a file but not a .gguf: give a model directory")
     if not directory.is_dir():
