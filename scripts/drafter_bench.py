@@ -32,8 +32,9 @@ from flax import nnx
 
 from jax_specdec import FeatureHead, Generator, SamplingConfig, load_draft
 from jax_specdec.bench import measure
-from jax_specdec.cli.common import load_pair, read_prompts, trees
+from jax_specdec.cli.common import read_prompts, trees
 from jax_specdec.io import zoo
+from jax_specdec.io.draft import load_pair
 from jax_specdec.training.corpus import stdlib_corpus
 from jax_specdec.training.prompts import code_openings
 

@@ -11,7 +11,7 @@ from helpers import cli_refusal
 
 from jax_specdec import SamplingConfig, speculative_generate
 from jax_specdec.cli import main
-from jax_specdec.cli.common import context, load_pair
+from jax_specdec.io.draft import context, load_pair
 from jax_specdec.io.hf import load_model, load_tokenizer
 
 

@@ -75,6 +75,8 @@ def test_generate_and_batch_take_hub_ids(hub, tmp_path, capsys):
     )
     line = json.loads((tmp_path / "out.jsonl").read_text())
     assert line["tokens"] == hub_out
+    job_file = json.loads((tmp_path / "out.jsonl.job.json").read_text())
+    assert job_file["target"]["path"] == "org/target" and job_file["target"]["sha256"]
 
 
 def test_an_id_not_cached_fails_in_one_line(hub, capsys):

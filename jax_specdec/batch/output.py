@@ -110,10 +110,15 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def model_identity(model_dir) -> dict:
-    """A model directory in the job file: its path and its files' SHA-256."""
-    d = pathlib.Path(model_dir)
+    """A model directory in the job file: its path (or Hub id) and its files' SHA-256 (a
+    Hub id's from its snapshot in the cache)."""
+    from jax_specdec.io.hub import hub_snapshot, is_hub_id
+
+    given = d = pathlib.Path(model_dir)
+    if not d.exists() and is_hub_id(str(model_dir)):
+        d = hub_snapshot(str(model_dir), "model")
     return {
-        "path": str(d),
+        "path": str(given),
         "sha256": {
             name: file_digest(d / name)
             for name in ("config.json", "model.safetensors")

@@ -88,10 +88,10 @@ class _Worker:
 def load_worker(settings: BatchSettings, eos: int | None):
     """In a Ray worker: loads the models from the job's paths (`BatchSettings.for_workers`),
     once; returns (generate, detokenize) for `run_ray_job`."""
-    from jax_specdec.cli.common import load_pair
-    from jax_specdec.cli.settings import parse_mesh
+    from jax_specdec.io.draft import load_pair
+    from jax_specdec.settings import parse_mesh
 
-    loaded = load_pair(settings.decode.target, settings.draft)
+    loaded = load_pair(settings.decode.target, settings.draft, dtype=settings.decode.dtype)
     mesh = parse_mesh(settings.decode.mesh)
     generate = settings.make_generate(loaded.target, loaded.draft, eos, mesh)
     return generate, loaded.tokenizer.decode

@@ -1,5 +1,5 @@
 """`jax-specdec batch`'s flags, parsed and checked once into a frozen `BatchSettings`: the
-decoding flags it shares with `generate` (`cli.settings.DecodeSettings`) and the job's
+decoding flags it shares with `generate` (`jax_specdec.settings.DecodeSettings`) and the job's
 own. One process, every process of a multi-host job (whose flags are compared by their
 digest) and each Ray worker (which loads the models from them) read the same object."""
 
@@ -9,8 +9,8 @@ import dataclasses
 import os
 import pathlib
 
-from jax_specdec.cli.settings import DecodeSettings
 from jax_specdec.decode.request import INT32_MAX
+from jax_specdec.settings import DecodeSettings
 
 __all__ = ["BatchSettings", "Placement"]
 
@@ -110,6 +110,8 @@ class BatchSettings:
             rounds["tree"] = f"{tree.nodes}:{decode.num_draft_tokens}:{tree.branch}"
         if speculative and decode.acceptance != "token":
             rounds["acceptance"] = decode.acceptance
+        if decode.dtype is not None:
+            rounds["dtype"] = decode.dtype
         return {
             **rounds,
             "mode": "speculative" if speculative else "autoregressive",

@@ -10,6 +10,7 @@ import sys
 from typing import Any, NamedTuple
 
 from jax_specdec.cli import common
+from jax_specdec.io.draft import context, load_pair
 
 
 def add_parser(sub) -> None:
@@ -59,11 +60,7 @@ def add_parser(sub) -> None:
     job.add_argument(
         "--autoregressive", action="store_true", help="plain decoding of the target (baseline)"
     )
-    job.add_argument(
-        "--mesh",
-        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices; with "
-        "--distributed, all processes' devices)",
-    )
+    common.add_model_flags(job)
     _add_ray_flags(job)
     _add_distributed_flags(job)
     job.set_defaults(handler=run, parser=job)
@@ -123,9 +120,14 @@ def _load(settings) -> _Job:
 
     settings.check_files()
     # a Ray job's driver needs the models' shapes only: its workers read the weights
-    loaded = common.load_pair(settings.decode.target, settings.draft, weights=settings.ray is None)
+    loaded = load_pair(
+        settings.decode.target,
+        settings.draft,
+        weights=settings.ray is None,
+        dtype=settings.decode.dtype,
+    )
     eos = settings.decode.eos_token_id(loaded)
-    max_len = common.context(loaded.target, loaded.draft if settings.speculative else None)
+    max_len = context(loaded.target, loaded.draft if settings.speculative else None)
     settings.decode.check_context(max_len)
     if settings.max_new_tokens >= max_len:
         raise ValueError(
@@ -212,7 +214,7 @@ def run(args, parser) -> int:
 def _run(args, parser, interrupt) -> int:
     from jax_specdec.batch import JobError
     from jax_specdec.batch.settings import BatchSettings
-    from jax_specdec.cli.settings import parse_mesh
+    from jax_specdec.settings import parse_mesh
 
     try:
         settings = BatchSettings.from_args(args)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import pathlib
 import re
 import sys
-from typing import Any, NamedTuple
 
 DEFAULT_TARGET = "models/stdlib-target"
 DEFAULT_DRAFT = "models/stdlib-draft"
@@ -68,47 +66,6 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-class Loaded(NamedTuple):
-    """What `load_pair` loads: the target, the draft (`io.draft.load_draft`: a model, a
-    feature or EAGLE-3 head, or `NGram`), the target's tokenizer and where the target was
-    found."""
-
-    target: Any
-    draft: Any
-    tokenizer: Any
-    target_dir: pathlib.Path
-
-
-def load_pair(target: str, draft: str, weights: bool = True) -> Loaded:
-    """Loads --target and --draft (`io.draft.load_draft`: a model, a feature or EAGLE-3
-    head's directory, or "ngram"), the draft checked against the target and its
-    tokenizer. `weights=False` checks the same but reads no model tensor
-    (`io.hf.load_model`): the models come back abstract (heads are read whole)."""
-    from jax_specdec.io.draft import load_draft
-    from jax_specdec.io.hf import load_model, load_tokenizer
-    from jax_specdec.io.locate import locate
-
-    target_dir = locate(target, "target")
-    try:
-        tokenizer = load_tokenizer(target_dir)
-    except FileNotFoundError:
-        raise ValueError(f"--target: {target_dir} has no tokenizer.json") from None
-    model = load_model(target_dir, weights=weights)
-    draft_model = load_draft(draft, model, tokenizer, weights=weights)
-    return Loaded(model, draft_model, tokenizer, target_dir)
-
-
-def context(target, draft) -> int:
-    """The most tokens (prompt and generated) one row may hold: the smallest max_len of
-    the target and of a draft that has one (a model or a head, not NGram)."""
-    lengths = [target.config.max_len]
-    config = getattr(draft, "config", None)
-    config = getattr(config, "layer", config)  # a head's config holds its layer's
-    if getattr(config, "max_len", None) is not None:
-        lengths.append(config.max_len)
-    return min(lengths)
-
-
 def config_from_args(cls, args, **values):
     """The dataclass `cls` with each field read from the flag of the same name in `args`
     (fields without a flag keep their default); `values` set the rest by hand."""
@@ -126,6 +83,23 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
         "--eos",
         default="auto",
         help="'auto' (the model's EOS, else <|endoftext|>), 'none' or an id",
+    )
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """--dtype and --mesh: how the models are held."""
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the models' parameters and activations; auto: each checkpoint's own "
+        "(bfloat16 stays bfloat16, the rest float32). Sampling and acceptance are float32 "
+        "always (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mesh",
+        help="DATAxMODEL, e.g. 4x2: rows over data, weights over model (all devices; with "
+        "--distributed, all processes' devices)",
     )
 
 

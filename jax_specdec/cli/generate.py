@@ -7,7 +7,8 @@ import json
 import sys
 
 from jax_specdec.cli import common
-from jax_specdec.cli.settings import DecodeSettings
+from jax_specdec.io.draft import context, load_pair
+from jax_specdec.settings import DecodeSettings
 
 
 def add_parser(sub) -> None:
@@ -35,6 +36,7 @@ def add_parser(sub) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
     common.add_round_flags(gen)
+    common.add_model_flags(gen)
     common.add_sampling_flags(gen)
     gen.add_argument(
         "--chat",
@@ -91,8 +93,10 @@ def _generate(settings: DecodeSettings, compare: bool, loaded, ids, max_new_toke
     from jax_specdec.bench import measure
     from jax_specdec.decode import Generator
     from jax_specdec.decode.request import seed_key_data
+    from jax_specdec.settings import parse_mesh
 
-    shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded))
+    mesh = parse_mesh(settings.mesh)
+    shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded), mesh=mesh)
     spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
     key = jax.random.wrap_key_data(seed_key_data(settings.seed))  # jax.random.key below 2**32
     run = spec.bind(ids, key=key, max_new_tokens=max_new_tokens)
@@ -173,8 +177,8 @@ def run(args, parser) -> int:
     try:
         settings = DecodeSettings.from_args(args, draft=args.draft)
         prompts = _prompts(args)
-        loaded = common.load_pair(settings.target, settings.draft)
-        settings.check_context(common.context(loaded.target, loaded.draft))
+        loaded = load_pair(settings.target, settings.draft, dtype=settings.dtype)
+        settings.check_context(context(loaded.target, loaded.draft))
         tokenizer = loaded.tokenizer
         ids = _encode(args.chat, loaded, prompts)
         result = _generate(settings, args.compare, loaded, ids, args.max_new_tokens)

@@ -6,7 +6,8 @@ import pathlib
 import sys
 
 from jax_specdec.cli import common
-from jax_specdec.cli.settings import check_seed
+from jax_specdec.io.draft import load_pair
+from jax_specdec.settings import check_seed
 
 # Rows of one sweep call at most (each row holds its own caches for every program timed).
 MAX_BATCH = 4096
@@ -81,7 +82,7 @@ def run(args, parser) -> int:
         prompts = common.read_prompts(args.prompts)
         from jax_specdec.decode.drafters import drafting_model
 
-        target, draft, tokenizer, _ = common.load_pair(args.target, args.draft)
+        target, draft, tokenizer, _ = load_pair(args.target, args.draft)
         draft = drafting_model(draft, target)  # a head attached to the target, once
         if args.trees and not hasattr(draft, "head"):
             raise ValueError(

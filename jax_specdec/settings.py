@@ -37,6 +37,9 @@ class DecodeSettings:
       eos: "auto", "none" or a token id, as given (`eos_token_id` resolves it).
       seed: the job's or the call's seed.
       mesh: "DATAxMODEL" or None (`parse_mesh`).
+      dtype: the models' parameters and activations, "float32" or "bfloat16"; None: each
+        checkpoint's own (bfloat16 ones stay bfloat16, others load as float32). Sampling,
+        acceptance and residuals are float32 whatever it is.
     """
 
     target: str
@@ -48,6 +51,7 @@ class DecodeSettings:
     eos: str
     seed: int
     mesh: str | None = None
+    dtype: str | None = None
 
     @classmethod
     def from_args(cls, args, *, draft: str | None) -> DecodeSettings:
@@ -72,6 +76,7 @@ class DecodeSettings:
             eos=args.eos,
             seed=check_seed(args.seed),
             mesh=getattr(args, "mesh", None),
+            dtype=None if getattr(args, "dtype", "auto") == "auto" else args.dtype,
         )
 
     def check_context(self, max_len: int) -> None:
@@ -84,7 +89,7 @@ class DecodeSettings:
             )
 
     def eos_token_id(self, loaded) -> int | None:
-        """--eos for the loaded target (`common.Loaded`): "auto" is the EOS the target
+        """--eos for the loaded target (`io.draft.Loaded`): "auto" is the EOS the target
         states, else its tokenizer's <|endoftext|>; "none" is no EOS; else the id."""
         if self.eos == "auto":
             from jax_specdec.io.hf import eos_token_id
