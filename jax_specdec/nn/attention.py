@@ -41,12 +41,15 @@ MIN_LIVE_BYTES = 1 << 19
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling=None) -> np.ndarray:
-    """The rotary inverse frequencies [head_dim / 2] (float64), scaled as Llama 3.1 does
-    when `scaling` (a `RopeScaling`) is given (Hugging Face's "llama3" rope type)."""
+    """The rotary inverse frequencies [head_dim / 2] (float64), scaled as `scaling` (a
+    `RopeScaling`) says: Llama 3.1's (Hugging Face's "llama3" rope type) or linear
+    (every frequency divided by the factor, "linear")."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if scaling is None:
         return inv_freq
     s = scaling
+    if s.kind == "linear":
+        return inv_freq / s.factor
     wavelen = 2 * np.pi / inv_freq
     low_wavelen = s.original_max_position / s.low_freq_factor  # longer: divided by factor
     high_wavelen = s.original_max_position / s.high_freq_factor  # shorter: kept
@@ -100,28 +103,33 @@ def kernel() -> str:
     return "xla" if jax.default_backend() == "gpu" else "einsum"
 
 
-def attention(q: jax.Array, parts) -> jax.Array:
+def attention(q: jax.Array, parts, scale: float | None = None, softcap=None) -> jax.Array:
     """Softmax attention of q over the concatenation of several key/value parts.
 
     Args:
         q: [B, T, H, hd] queries.
         parts: sequence of (k [B, K, S_i, hd], v [B, K, S_i, hd], mask [B or 1, T or 1,
           S_i] bool); every query must see at least one position.
+        scale: the scores' scale; None: 1 / sqrt(hd).
+        softcap: scaled scores become softcap * tanh(score / softcap) before the mask
+          (Gemma 2); None: no cap.
 
     Returns:
         [B, T, H, hd] float32.
     """
-    if kernel() != "einsum":
-        return _dot_product_attention(q, parts, kernel())
     B, T, H, hd = q.shape
+    scale = 1.0 / np.sqrt(hd) if scale is None else scale
+    if kernel() != "einsum" and softcap is None:  # jax.nn's attention has no cap
+        return _dot_product_attention(q, parts, kernel(), scale)
     K = parts[0][0].shape[1]
     q = q.reshape(B, T, K, H // K, hd)
     scores = []
     for k, _, mask in parts:
-        s = _scores(q, k)
+        s = _scores(q, k) * np.float32(scale)
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
         scores.append(jnp.where(mask[:, None, None], s, jnp.finfo(_F32).min))
-    scores = jnp.concatenate(scores, axis=-1) * (1.0 / np.sqrt(hd))
-    probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)  # float32 softmax
     out, start = 0.0, 0
     for _, v, mask in parts:
         p = probs[..., start : start + mask.shape[-1]].astype(v.dtype)
@@ -147,14 +155,16 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 3, 1, 2, 4)
 
 
-def _dot_product_attention(q: jax.Array, parts, implementation: str) -> jax.Array:
+def _dot_product_attention(q: jax.Array, parts, implementation: str, scale) -> jax.Array:
     """`attention` through `jax.nn.dot_product_attention` (keys concatenated, positions
     before heads as it wants them)."""
     B, T, _, _ = q.shape
     k = jnp.concatenate([heads_first(k) for k, _, _ in parts], axis=1).astype(q.dtype)
     v = jnp.concatenate([heads_first(v) for _, v, _ in parts], axis=1).astype(q.dtype)
     mask = jnp.concatenate([jnp.broadcast_to(m, (B, T, m.shape[-1])) for _, _, m in parts], axis=-1)
-    call = functools.partial(jax.nn.dot_product_attention, q, k, v, mask=mask[:, None])
+    call = functools.partial(
+        jax.nn.dot_product_attention, q, k, v, mask=mask[:, None], scale=float(scale)
+    )
     if implementation == "cudnn":
         try:
             return call(implementation="cudnn").astype(_F32)
@@ -194,6 +204,16 @@ def live_index(lengths: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
     return jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < longest).astype(jnp.int32)
 
 
+def in_window(query_positions: jax.Array, key_positions: jax.Array, window: int) -> jax.Array:
+    """[B, T, S] bool: whether each key's position lies in (p - window, p] for each
+    query's position p; query_positions [B, T], key_positions [B or 1, S] int32. A local
+    layer's masks are ANDed with it, whoever builds them (prefill, chains, trees, slots:
+    a tree node's position is its prefix's length plus its depth, so the rule is that of
+    the path it ends)."""
+    q, k = query_positions[:, :, None], key_positions[:, None, :]
+    return (k <= q) & (k > q - window)
+
+
 def cached_attention(
     q: jax.Array,
     k_cache: jax.Array,
@@ -202,6 +222,10 @@ def cached_attention(
     others,
     sizes: tuple[int, ...],
     index: jax.Array,
+    *,
+    window: tuple[jax.Array, int] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> jax.Array:
     """`attention` over row b's first lengths[b] cache positions plus `others`.
 
@@ -212,18 +236,26 @@ def cached_attention(
         others: further parts, as in `attention` (e.g. the call's own keys).
         sizes, index: from `live_sizes(S)` and `live_index(lengths, sizes)`: the
           branch that attends over the first sizes[index] positions.
+        window: (the queries' positions [B, T], W) for a local layer: the cache's
+          positions outside `in_window` are masked too (`others` carry their own).
+        scale, softcap: as in `attention`.
 
     Returns:
         [B, T, H, hd] float32.
     """
 
-    def prefix(size, q, k_cache, v_cache, lengths, others):
+    def prefix(size, q, k_cache, v_cache, lengths, others, query_positions):
         k = jax.lax.slice_in_dim(k_cache, 0, size, axis=2)
         v = jax.lax.slice_in_dim(v_cache, 0, size, axis=2)
-        mask = (jnp.arange(size, dtype=jnp.int32)[None, :] < lengths[:, None])[:, None]
-        return attention(q, [(k, v, mask), *others])
+        at = jnp.arange(size, dtype=jnp.int32)[None, :]
+        mask = (at < lengths[:, None])[:, None]
+        if window is not None:
+            mask = mask & in_window(query_positions, at, window[1])
+        return attention(q, [(k, v, mask), *others], scale, softcap)
 
+    positions = None if window is None else window[0]
     if len(sizes) == 1:
-        return prefix(sizes[0], q, k_cache, v_cache, lengths, others)
+        return prefix(sizes[0], q, k_cache, v_cache, lengths, others, positions)
     branches = [functools.partial(prefix, size) for size in sizes]
-    return jax.lax.switch(index, branches, q, k_cache, v_cache, lengths, list(others))
+    args = (q, k_cache, v_cache, lengths, list(others), positions)
+    return jax.lax.switch(index, branches, *args)

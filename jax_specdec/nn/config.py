@@ -3,7 +3,10 @@
 Two families share one model: Llama-style (RMSNorm, rotary positions, SwiGLU,
 grouped-query attention, optional q/k/v bias as in Qwen2, optional per-head q/k norms
 as in Qwen3) and GPT-2-style
-(LayerNorm, learned positions, tanh-GELU MLP, biases everywhere).
+(LayerNorm, learned positions, tanh-GELU MLP, biases everywhere). Gemma 2 and 3 are the
+Llama style with a few more switches: scaled embeddings, (1 + w) norms, norms after
+attention and the MLP, GeGLU, a query scale of its own, soft-capped logits, and local
+layers that attend through a sliding window with a rotary base of their own.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ _DTYPES = ("float32", "bfloat16")
 _PARAM_DTYPES = (*_DTYPES, "float16")
 _NORMS = ("rms", "layer")
 _POSITIONS = ("rope", "learned")
-_MLPS = ("swiglu", "gelu")
+_MLPS = ("swiglu", "geglu", "gelu")
+_ROPE_KINDS = ("llama3", "linear")
 
 
 def _per_head(base: dict[str, Any]):
@@ -31,23 +35,35 @@ def _per_head(base: dict[str, Any]):
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3.1's rotary frequency scaling (Hugging Face `rope_type: "llama3"`).
+    """A scaling of the rotary frequencies: Llama 3.1's (Hugging Face `rope_type:
+    "llama3"`, the default kind) or linear (`rope_type: "linear"`, every frequency
+    divided by `factor`, as Gemma 3's global layers).
 
-    A frequency whose wavelength is longer than `original_max_position /
+    Llama 3.1's: a frequency whose wavelength is longer than `original_max_position /
     low_freq_factor` is divided by `factor`, one shorter than `original_max_position /
-    high_freq_factor` kept, and those between interpolated smoothly.
+    high_freq_factor` kept, and those between interpolated smoothly. The linear kind
+    takes only `factor` (the others None).
     """
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position: int
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position: int | None = None
+    kind: str = "llama3"
 
     def __post_init__(self):
-        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+        if self.kind not in _ROPE_KINDS:
+            raise ValueError(f"RopeScaling.kind must be one of {_ROPE_KINDS}, got {self.kind!r}")
+        llama3 = ("low_freq_factor", "high_freq_factor")
+        for name in ("factor", *llama3) if self.kind == "llama3" else ("factor",):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"RopeScaling.{name} must be a finite number > 0, got {value!r}")
+        if self.kind == "linear":
+            extra = [n for n in (*llama3, "original_max_position") if getattr(self, n) is not None]
+            if extra:
+                raise ValueError(f"RopeScaling of kind 'linear' takes only factor, got {extra}")
+            return
         if not self.high_freq_factor > self.low_freq_factor:
             raise ValueError(
                 f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed "
@@ -80,12 +96,29 @@ class TransformerConfig:
         position: "rope" (rotary, HF rotate_half convention) or "learned".
         rope_theta: rotary base frequency (used when position == "rope").
         rope_scaling: Llama 3.1's frequency scaling (`RopeScaling`), or None.
-        mlp: "swiglu" (down(silu(gate(x)) * up(x))) or "gelu" (tanh approximation).
+        mlp: "swiglu" (down(silu(gate(x)) * up(x))), "geglu" (down(gelu(gate(x)) * up(x)),
+            the tanh GELU, as Gemma) or "gelu" (down(gelu(up(x))), tanh approximation).
         qkv_bias: bias on the q, k and v projections.
         out_bias: bias on the attention output projection.
         mlp_bias: bias on the MLP projections.
         qk_norm: a norm (of kind `norm`, over head_dim, its own scale [head_dim]) on each
             query and key head before the rotary embedding, as in Qwen3.
+        embed_scale: token embeddings are multiplied by sqrt(d_model), in the embedding's
+            dtype (Gemma).
+        norm_plus_one: RMSNorms scale by (1 + w) rather than w, in float32 before the
+            cast back (Gemma); their stored scale w starts at 0.
+        post_norms: a norm after the attention and one after the MLP, before each is
+            added to the residual stream (Gemma's four norms a layer).
+        query_pre_attn_scalar: attention scores are scaled by 1 / sqrt(this) rather than
+            1 / sqrt(head_dim) (Gemma); None: head_dim.
+        attn_softcap: attention scores become cap * tanh(score / cap) before the mask
+            (Gemma 2); None: no cap.
+        final_softcap: logits become cap * tanh(logit / cap) (Gemma 2); None: no cap.
+        sliding_window: W, the window of the local layers: there a query at position p
+            sees the keys at positions p - W + 1 … p only. None when no layer is local.
+        local_layers: the ids of the layers that attend through the window (sorted).
+        rope_local_theta: the rotary base of the local layers, which then take no
+            `rope_scaling` (Gemma 3); None: the local layers rotate as the others.
         tie_embeddings: the output head reuses the token embedding matrix.
         dtype: activation dtype, "float32" or "bfloat16". Logits are always float32.
         param_dtype: parameter storage dtype, "float32", "bfloat16" or "float16". With
@@ -112,6 +145,15 @@ class TransformerConfig:
     out_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    embed_scale: bool = False
+    norm_plus_one: bool = False
+    post_norms: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_window: int | None = None
+    local_layers: tuple[int, ...] = ()
+    rope_local_theta: float | None = None
     tie_embeddings: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -162,11 +204,48 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling must be a RopeScaling or None, "
                 f"got {self.rope_scaling!r}"
             )
-        for name in ("qkv_bias", "out_bias", "mlp_bias", "qk_norm", "tie_embeddings"):
+        for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"TransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
                 )
+        self._check_gemma_fields()
+
+    def _check_gemma_fields(self):
+        for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap", "rope_local_theta"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(
+                    f"TransformerConfig.{name} must be None or a finite number > 0, got {value!r}"
+                )
+        if self.norm_plus_one and self.norm != "rms":
+            raise ValueError("TransformerConfig.norm_plus_one needs norm='rms'")
+        w, layers = self.sliding_window, self.local_layers
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(
+                f"TransformerConfig.sliding_window must be None or an integer >= 1, got {w!r}"
+            )
+        if not isinstance(layers, tuple) or any(
+            isinstance(i, bool) or not isinstance(i, int) for i in layers
+        ):
+            raise ValueError(
+                f"TransformerConfig.local_layers must be a tuple of layer ids, got {layers!r}"
+            )
+        if list(layers) != sorted(set(layers)) or any(not 0 <= i < self.num_layers for i in layers):
+            raise ValueError(
+                f"TransformerConfig.local_layers must be distinct sorted ids in "
+                f"[0, {self.num_layers}), got {layers!r}"
+            )
+        if bool(layers) != (w is not None):
+            raise ValueError(
+                "TransformerConfig.sliding_window and local_layers go together: a window "
+                f"needs local layers and local layers a window, got {w!r} and {layers!r}"
+            )
 
     # ----------------------------------------------------------------- derived
 
@@ -179,6 +258,10 @@ class TransformerConfig:
     def jnp_param_dtype(self) -> jnp.dtype:
         """Parameter dtype as a `jnp.dtype`."""
         return jnp.dtype(self.param_dtype)
+
+    def is_local(self, layer: int) -> bool:
+        """Whether decoder layer `layer` attends through the sliding window."""
+        return layer in self.local_layers
 
     def replace(self, **overrides: Any) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
@@ -199,6 +282,8 @@ class TransformerConfig:
         scaling = data.get("rope_scaling")
         if isinstance(scaling, dict):
             data = {**data, "rope_scaling": RopeScaling(**scaling)}
+        if isinstance(data.get("local_layers"), list):  # JSON has no tuples
+            data = {**data, "local_layers": tuple(data["local_layers"])}
         return cls(**data)
 
     def to_json(self) -> str:
@@ -248,6 +333,11 @@ class TransformerConfig:
         """The benchmark draft paired with `bench_target`: d=128, 2 layers, vocab 4096."""
         return cls.llama(**{**_LLAMA_PRESETS["bench_draft"], **overrides})
 
+
+_FLAGS = (
+    "qkv_bias", "out_bias", "mlp_bias", "qk_norm", "embed_scale", "norm_plus_one", "post_norms",
+    "tie_embeddings",
+)  # fmt: skip
 
 # fmt: off
 _FAMILIES: dict[str, dict[str, Any]] = {

@@ -130,8 +130,9 @@ def decode_layers(layers, x, attention_input, cache: KVCache, start, recent=(), 
         others = [(heads_first(rk[i]), heads_first(rv[i]), ok) for rk, rv, ok in recent]
         others.append((heads_first(k), heads_first(v), own))
         attended = cached_attention(
-            q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index
-        )
+            q, cache.keys[i], cache.values[i], cache.lengths, others, sizes, index,
+            scale=layer.attn.score_scale, softcap=layer.attn.softcap,  # as `unrolled_pass`
+        )  # fmt: skip
         x = residual + layer.attn.output(attended)
         x = x + layer.mlp(layer.mlp_norm(x))
         keys.append(k)

@@ -34,14 +34,17 @@ class Dense(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """RMSNorm (scale only) or LayerNorm (scale and bias), computed in float32."""
+    """RMSNorm (scale only) or LayerNorm (scale and bias), computed in float32;
+    `config.norm_plus_one`: an RMSNorm scaling by (1 + w), in float32 (Gemma)."""
 
     def __init__(self, config: TransformerConfig):
         dtype = config.jnp_param_dtype
         self.kind = config.norm
         self.eps = config.norm_eps
         self.dtype = config.jnp_dtype
-        self.scale = nnx.Param(jnp.ones((config.d_model,), dtype))
+        self.plus_one = config.norm_plus_one
+        start = jnp.zeros if self.plus_one else jnp.ones  # the identity either way
+        self.scale = nnx.Param(start((config.d_model,), dtype))
         self.bias = (
             nnx.Param(jnp.zeros((config.d_model,), dtype)) if config.norm == "layer" else None
         )
@@ -51,6 +54,8 @@ class Norm(nnx.Module):
         if self.kind == "layer":
             h = h - jnp.mean(h, axis=-1, keepdims=True)
         h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:  # Gemma's: scaled in float32, then cast back (as HF)
+            return (h * (1.0 + self.scale[...].astype(_F32))).astype(self.dtype)
         # Like HF: normalise in float32, cast back, then apply the affine part.
         h = h.astype(self.dtype) * self.scale[...].astype(self.dtype)
         if self.bias is not None:
@@ -61,9 +66,14 @@ class Norm(nnx.Module):
 class Attention(nnx.Module):
     """Multi-head attention's projections. q, k and v read `d_in` inputs (default the
     model width; an EAGLE-3 head's first layer reads 2 × d_model); `qk_norm` adds
-    per-head RMSNorms on q and k before the rotary embedding (a Qwen3 layer)."""
+    per-head RMSNorms on q and k before the rotary embedding (a Qwen3 layer). `local`:
+    a layer that attends through the sliding window (`window`, which its caller's masks
+    apply), rotating with `config.rope_local_theta` when that is set. The scores' scale
+    and soft cap come from the config (`query_pre_attn_scalar`, `attn_softcap`)."""
 
-    def __init__(self, config: TransformerConfig, *, keys, scale, d_in=None, qk_norm=False):
+    def __init__(
+        self, config: TransformerConfig, *, keys, scale, d_in=None, qk_norm=False, local=False
+    ):
         c = config
         self.config = c
         d_in = c.d_model if d_in is None else d_in
@@ -75,6 +85,11 @@ class Attention(nnx.Module):
         per_head = c.replace(d_model=c.head_dim)
         self.q_norm = Norm(per_head) if qk_norm else None
         self.k_norm = Norm(per_head) if qk_norm else None
+        self.window = c.sliding_window if local else None
+        own_rope = local and c.rope_local_theta is not None
+        self.rope = (c.rope_local_theta, None) if own_rope else (c.rope_theta, c.rope_scaling)
+        scalar = c.head_dim if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar
+        self.score_scale, self.softcap = float(scalar) ** -0.5, c.attn_softcap
 
     def project(self, x: jax.Array, positions: jax.Array):
         """x [B, T, d_in] -> q [B, T, H, hd], k and v [B, T, K, hd] (positions applied)."""
@@ -86,8 +101,7 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if c.position == "rope":
-            q = rope(q, positions, c.rope_theta, c.rope_scaling)
-            k = rope(k, positions, c.rope_theta, c.rope_scaling)
+            q, k = rope(q, positions, *self.rope), rope(k, positions, *self.rope)
         return q, k, v
 
     def output(self, attended: jax.Array) -> jax.Array:
@@ -98,16 +112,18 @@ class Attention(nnx.Module):
     def attend(self, q: jax.Array, parts) -> jax.Array:
         """Softmax attention of q over several key/value parts (see
         `attention.attention`), then the output projection: [B, T, D]."""
-        return self.output(attention(q, parts))
+        return self.output(attention(q, parts, self.score_scale, self.softcap))
 
 
 class Mlp(nnx.Module):
+    """SwiGLU, GeGLU (the tanh GELU on the gate, as Gemma) or GPT-2's GELU MLP."""
+
     def __init__(self, config: TransformerConfig, *, keys, scale):
         c = config
         self.kind = c.mlp
         self.gate = (
             Dense(c.d_model, c.mlp_dim, bias=c.mlp_bias, config=c, key=keys[0], scale=scale)
-            if c.mlp == "swiglu"
+            if c.mlp in ("swiglu", "geglu")
             else None
         )
         self.up = Dense(c.d_model, c.mlp_dim, bias=c.mlp_bias, config=c, key=keys[1], scale=scale)
@@ -116,16 +132,33 @@ class Mlp(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.kind == "swiglu":
             return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        if self.kind == "geglu":
+            return self.down(jax.nn.gelu(self.gate(x), approximate=True) * self.up(x))
         return self.down(jax.nn.gelu(self.up(x), approximate=True))
 
 
 class Block(nnx.Module):
     """A decoder layer: attention and MLP, each behind its norm (`config.qk_norm` adds
-    the per-head q/k norms of a Qwen3 layer)."""
+    the per-head q/k norms of a Qwen3 layer, `config.post_norms` a norm after each, as
+    Gemma); `local`: its attention goes through the sliding window."""
 
-    def __init__(self, config: TransformerConfig, *, key, scale):
+    def __init__(self, config: TransformerConfig, *, key, scale, local=False):
         keys = jax.random.split(key, 7)
+        post = config.post_norms
         self.attn_norm = Norm(config)
-        self.attn = Attention(config, keys=keys[:4], scale=scale, qk_norm=config.qk_norm)
+        self.attn = Attention(
+            config, keys=keys[:4], scale=scale, qk_norm=config.qk_norm, local=local
+        )
+        self.attn_post_norm = Norm(config) if post else None
         self.mlp_norm = Norm(config)
         self.mlp = Mlp(config, keys=keys[4:], scale=scale)
+        self.mlp_post_norm = Norm(config) if post else None
+
+    def attended(self, h: jax.Array) -> jax.Array:
+        """The attention's output [B, T, D] as it joins the residual stream."""
+        return h if self.attn_post_norm is None else self.attn_post_norm(h)
+
+    def feed_forward(self, x: jax.Array) -> jax.Array:
+        """What the MLP adds to the residual stream x [B, T, D]."""
+        h = self.mlp(self.mlp_norm(x))
+        return h if self.mlp_post_norm is None else self.mlp_post_norm(h)

@@ -17,6 +17,7 @@ from flax import nnx
 from jax_specdec.nn.attention import (
     cached_attention,
     heads_first,
+    in_window,
     live_index,
     live_sizes,
     position_bytes,
@@ -60,7 +61,10 @@ class Transformer(nnx.Module):
         )
         block_keys = jax.random.split(k_blocks, c.num_layers)
         self.blocks = nnx.List(
-            [Block(c, key=block_keys[i], scale=init_scale) for i in range(c.num_layers)]
+            [
+                Block(c, key=block_keys[i], scale=init_scale, local=c.is_local(i))
+                for i in range(c.num_layers)
+            ]
         )
         self.final_norm = Norm(c)
         self.lm_head = (
@@ -76,16 +80,24 @@ class Transformer(nnx.Module):
     # ------------------------------------------------------------------ pieces
 
     def _embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        x = self.embed[...][tokens].astype(self.config.jnp_dtype)
+        c = self.config
+        x = self.embed[...][tokens]
+        if c.embed_scale:  # in the embedding's dtype, as HF's Gemma
+            x = x * jnp.asarray(np.float32(np.sqrt(c.d_model)), x.dtype)
+        x = x.astype(c.jnp_dtype)
         if self.pos_embed is not None:
             x = x + self.pos_embed[...][positions].astype(self.config.jnp_dtype)
         return x
 
     def _logits(self, x: jax.Array) -> jax.Array:
-        """Logits [B, T, V] float32 of the final-normed hidden states x [B, T, D]."""
+        """Logits [B, T, V] float32 of the final-normed hidden states x [B, T, D]
+        (soft-capped when `config.final_softcap` says so)."""
         if self.lm_head is None:
-            return matmul_t(x, self.embed[...])
-        return matmul(x, self.lm_head[...], preferred_element_type=_F32)
+            logits = matmul_t(x, self.embed[...])
+        else:
+            logits = matmul(x, self.lm_head[...], preferred_element_type=_F32)
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     # --------------------------------------------------------------- forwards
 
@@ -117,8 +129,10 @@ class Transformer(nnx.Module):
         for i, block in enumerate(self.blocks):
             taken.see(i, x)
             q, k, v = block.attn.project(block.attn_norm(x), positions)
-            x = x + block.attn.attend(q, [(heads_first(k), heads_first(v), mask)])
-            x = x + block.mlp(block.mlp_norm(x))
+            w = block.attn.window
+            own = mask if w is None else mask & in_window(positions, positions, w)
+            x = x + block.attended(block.attn.attend(q, [(heads_first(k), heads_first(v), own)]))
+            x = x + block.feed_forward(x)
         h = self.final_norm(x)
         return (self._logits(h), taken.result(x, h)) if features else self._logits(h)
 
@@ -230,9 +244,10 @@ class Transformer(nnx.Module):
         # Only the cache's live prefix is attended: one static size for every layer.
         sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
         index = live_index(lengths, sizes)
-        if recent is not None:
-            R = recent[0][0].shape[1]
-            recent_mask = jnp.arange(R, dtype=jnp.int32)[None, None, :] < recent[2][:, None, None]
+        masks = {None: _masks(positions, lengths, new_mask, recent)}
+        if self.config.sliding_window is not None:  # the local layers' masks
+            w = self.config.sliding_window
+            masks[w] = _masks(positions, lengths, new_mask, recent, w)
         x = self._embed(tokens, positions)
         taken = _Taken(features, self.config.num_layers)
         keys, values = [], []
@@ -241,19 +256,41 @@ class Transformer(nnx.Module):
         ):
             taken.see(i, x)
             q, k, v = block.attn.project(block.attn_norm(x), positions)
+            w = block.attn.window
+            recent_mask, own_mask = masks[w]
             others = []
             if recent is not None:
                 rk, rv = recent[0][i], recent[1][i]
                 others.append((heads_first(rk), heads_first(rv), recent_mask))
-            others.append((heads_first(k), heads_first(v), new_mask))
-            attended = cached_attention(q, k_cache, v_cache, lengths, others, sizes, index)
-            x = x + block.attn.output(attended)
-            x = x + block.mlp(block.mlp_norm(x))
+            others.append((heads_first(k), heads_first(v), own_mask))
+            attended = cached_attention(
+                q, k_cache, v_cache, lengths, others, sizes, index,
+                window=None if w is None else (positions, w),
+                scale=block.attn.score_scale, softcap=block.attn.softcap,
+            )  # fmt: skip
+            x = x + block.attended(block.attn.output(attended))
+            x = x + block.feed_forward(x)
             keys.append(k)
             values.append(v)
         h = self.final_norm(x)
         out = (self._logits(h), tuple(keys), tuple(values))
         return (*out, taken.result(x, h)) if features else out
+
+
+def _masks(positions, lengths, new_mask, recent, window=None):
+    """(the recent entries' mask or None, the new tokens' mask) of a decode call, for a
+    layer with the sliding `window` (None: none). The recent entries sit at positions
+    lengths + r, the new tokens at `positions` [B, T]."""
+    recent_mask = None
+    if recent is not None:
+        R = recent[0][0].shape[1]
+        at = jnp.arange(R, dtype=jnp.int32)[None, :]
+        recent_mask = (at < recent[2][:, None])[:, None]
+        if window is not None:
+            recent_mask = recent_mask & in_window(positions, lengths[:, None] + at, window)
+    if window is not None:
+        new_mask = new_mask & in_window(positions, positions, window)
+    return recent_mask, new_mask
 
 
 def feature_size(config: TransformerConfig, features) -> int:
