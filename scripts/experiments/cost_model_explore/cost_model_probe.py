@@ -16,8 +16,9 @@ import jax
 import numpy as np
 
 from jax_specdec import Generator, SamplingConfig
-from jax_specdec.cli.common import load_pair, read_prompts
+from jax_specdec.cli.common import read_prompts
 from jax_specdec.io import zoo
+from jax_specdec.io.draft import load_pair
 from jax_specdec.schedules import Constant, CostModel
 from jax_specdec.sweep.run import _groups, _run_interleaved
 

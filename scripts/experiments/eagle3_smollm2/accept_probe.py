@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_specdec.cli.common import load_pair
+from jax_specdec.io.draft import load_pair
 from jax_specdec.io.heads import load_head
 from jax_specdec.nn.feature_head import previous_features
 from jax_specdec.training.head_data import load_features

@@ -14,8 +14,8 @@ sys.path.insert(0, "scripts")
 from drafter_bench import CODE_PROMPTS  # noqa: E402
 
 from jax_specdec import Generator, SamplingConfig  # noqa: E402
-from jax_specdec.cli.common import load_pair  # noqa: E402
 from jax_specdec.decode.tree import Tree  # noqa: E402
+from jax_specdec.io.draft import load_pair  # noqa: E402
 
 loaded = load_pair("smollm2-135m", "models/smollm2-135m-eagle")
 prompts = [loaded.tokenizer.encode(t).ids for t in CODE_PROMPTS[:6]]

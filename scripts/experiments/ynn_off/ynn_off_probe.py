@@ -27,7 +27,7 @@ def pair(which: str):
         target = Transformer(TransformerConfig.bench_target(), rngs=nnx.Rngs(0), init_scale=0.02)
         draft = Transformer(TransformerConfig.bench_draft(), rngs=nnx.Rngs(1), init_scale=0.02)
         return target, draft, 4096
-    from jax_specdec.cli.common import load_pair
+    from jax_specdec.io.draft import load_pair
 
     target, head = load_pair("smollm2-135m", "models/smollm2-135m-eagle")[:2]
     return target, head, target.config.vocab_size
