@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
         "interleaved, compilation apart)",
     )
     gen.add_argument("--json", action="store_true", help="machine-readable output")
+    gen.add_argument(
+        "--verbose", action="store_true", help="print the memory plan of the call (stderr)"
+    )
     gen.set_defaults(handler=run, parser=gen)
 
 
@@ -84,7 +87,7 @@ def _encode(chat: bool, loaded, prompts: list[str]) -> list[list[int]]:
     return [encode_chat(loaded.tokenizer, template, user(p)) for p in prompts]
 
 
-def _generate(settings: DecodeSettings, compare: bool, loaded, ids, max_new_tokens) -> dict:
+def _generate(settings: DecodeSettings, args, loaded, ids) -> dict:
     """Runs (and with --compare, times) the speculative and autoregressive programs."""
     import time
 
@@ -99,12 +102,16 @@ def _generate(settings: DecodeSettings, compare: bool, loaded, ids, max_new_toke
     shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded), mesh=mesh)
     spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
     key = jax.random.wrap_key_data(seed_key_data(settings.seed))  # jax.random.key below 2**32
-    run = spec.bind(ids, key=key, max_new_tokens=max_new_tokens)
-    if not compare:
+    run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
+    if args.verbose:
+        print(run.memory_plan.describe(), file=sys.stderr)
+    if not args.compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
         return {"out": out, "seconds": time.perf_counter() - start}
-    ar_run = Generator(loaded.target, **shared).bind(ids, key=key, max_new_tokens=max_new_tokens)
+    ar_run = Generator(loaded.target, **shared).bind(
+        ids, key=key, max_new_tokens=args.max_new_tokens
+    )
     spec_m, ar_m = measure([run, ar_run], repeats=3)
     return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m}
 
@@ -181,7 +188,7 @@ def run(args, parser) -> int:
         settings.check_context(context(loaded.target, loaded.draft))
         tokenizer = loaded.tokenizer
         ids = _encode(args.chat, loaded, prompts)
-        result = _generate(settings, args.compare, loaded, ids, args.max_new_tokens)
+        result = _generate(settings, args, loaded, ids)
         _check_finite(args, result)
     except (ValueError, OSError) as e:
         common.fail(parser, e)

@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.resolve import as_drafter
+from jax_specdec.decode.memory import MemoryPlan, device_memory, plan_memory
 from jax_specdec.decode.request import (
     Request,
     check_int,
@@ -72,6 +73,9 @@ class Generator:
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a
         `Tree(nodes, depth, branch)`. An `NGram`, a feature head or an EAGLE-3 head builds
         trees.
+      device_memory: bytes one device holds, for the memory plan each call is checked
+        against before compiling (`decode.memory`); None: what the backend reports (GPU,
+        TPU), no check where it reports nothing (CPU).
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class Generator:
         mesh: Mesh | None = None,
         acceptance: str = "token",
         tree: int | Tree | None = None,
+        device_memory: int | None = None,
         _rule: Callable | None = None,
     ):
         if not isinstance(target, Transformer):
@@ -114,6 +119,9 @@ class Generator:
             raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.acceptance = _acceptance_rule(acceptance, _rule, self.tree)
+        if device_memory is not None:
+            check_int("device_memory", device_memory, 1)
+        self.device_memory = device_memory
         self._split(mesh)
 
     def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
@@ -189,7 +197,25 @@ class Generator:
         config = self._config(request, num_slots)
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
-        return Run(config, request, args, order)
+        plan = self._memory_plan(config, args.prompts.shape[0] if num_slots is None else num_slots)
+        plan.check()  # before anything is compiled
+        return Run(config, request, args, order, memory_plan=plan)
+
+    def _memory_plan(self, config: LoopConfig, rows: int) -> MemoryPlan:
+        width = 1 if self.schedule is None else self.schedule.max_gamma + 1
+        if self.tree is not None:
+            width = self.tree.nodes + 1
+        available = self.device_memory if self.device_memory is not None else device_memory()
+        return plan_memory(
+            [s for s in self._states if s is not None],
+            [m.config for _, m in self._models],
+            rows=rows,
+            cache_len=config.cache_len,
+            width=width,
+            vocab_size=self.vocab_size,
+            mesh=self.mesh,
+            available=available,
+        )
 
     def _config(self, request: Request, num_slots: int | None) -> LoopConfig:
         """The program's static configuration for this call's shapes."""

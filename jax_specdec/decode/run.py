@@ -42,10 +42,14 @@ class Run:
       config: the program's static `LoopConfig`.
       request: the validated inputs, on the host.
       args: the program's array arguments, as placed.
+      memory_plan: what a device holds for it (`decode.memory.MemoryPlan`), or None.
     """
 
-    def __init__(self, config: LoopConfig, request: Request, args: ProgramArgs, order=None):
+    def __init__(
+        self, config: LoopConfig, request: Request, args: ProgramArgs, order=None, memory_plan=None
+    ):
         self.config, self.request, self.args = config, request, args
+        self.memory_plan = memory_plan
         # With slots: the prompts' queue order (row i of args holds prompt order[i]).
         self._inverse = None if order is None else jnp.asarray(np.argsort(order), jnp.int32)
 

@@ -1,0 +1,125 @@
+"""A memory plan before compiling: what one device holds for a call.
+
+Parameters per device come from the arrays' own shardings (a weight split over the
+model axis counts its shard); KV caches from their shapes (rows × positions × layers ×
+KV heads × head_dim, keys and values) split as the program places them (rows over
+`data`, heads over `model`); the drafter's state likewise; and a working margin for a
+round's logits and probabilities ([rows, verify width, vocabulary] float32, a few
+copies). Against the device's memory where the backend reports it
+(`Device.memory_stats()["bytes_limit"]` on GPU and TPU; a CPU reports none), or a stated
+`device_memory`, a plan that cannot fit is refused in one line that gives the figures and
+the settings to change, before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+from jax.sharding import NamedSharding
+
+from jax_specdec.nn import init_cache
+from jax_specdec.sharding import cache_spec
+
+__all__ = ["MemoryPlan", "device_memory", "plan_memory"]
+
+WORKING_COPIES = 4  # logits, probabilities, the residual and the draft's q of a round
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes one device holds for a call (the largest share, on a mesh)."""
+
+    parameters: int
+    caches: int
+    drafter: int
+    working: int
+    available: int | None  # None: the backend reports no limit
+    rows: int
+    cache_len: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.caches + self.drafter + self.working
+
+    def describe(self) -> str:
+        parts = (
+            f"parameters {_gib(self.parameters)}, KV caches {_gib(self.caches)} "
+            f"({self.rows} rows × {self.cache_len} positions), drafter {_gib(self.drafter)}, "
+            f"working {_gib(self.working)}"
+        )
+        limit = "no limit reported" if self.available is None else f"of {_gib(self.available)}"
+        return f"memory plan: {_gib(self.total)} a device ({parts}), {limit}"
+
+    def check(self) -> None:
+        """ValueError, in one line with the figures and what to change, when it does not
+        fit the device."""
+        if self.available is not None and self.total > self.available:
+            raise ValueError(
+                f"the call does not fit the device: {self.describe()}; use fewer rows or "
+                "num_slots, a smaller max_new_tokens or shorter prompts, a mesh with more "
+                "devices, or bfloat16 weights (dtype)"
+            )
+
+
+def device_memory() -> int | None:
+    """The memory of this process's first device, as its backend reports it (None on a
+    CPU, whose backend reports none)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return None if not stats else stats.get("bytes_limit")
+
+
+def plan_memory(states, model_configs, *, rows, cache_len, width, vocab_size, mesh, available):
+    """The `MemoryPlan` of a call.
+
+    Args:
+      states: the models' parameter states (target first), placed as the program gets them.
+      model_configs: the configs of the models that keep a KV cache (target first), each
+        with `num_layers`, `num_kv_heads`, `head_dim` and `dtype`.
+      rows: rows the program runs (slots, or the padded batch).
+      cache_len: positions per row of every cache.
+      width: tokens a target call scores per row at most (γ_max + 1, or a tree's nodes + 1).
+      vocab_size: the vocabulary the round's distributions span.
+      mesh: the mesh, or None.
+      available: bytes a device holds, or None: no check.
+    """
+    parameters = sum(_on_device(leaf) for state in states for leaf in jax.tree.leaves(state))
+    caches = [_cache_bytes(c, rows, cache_len, mesh) for c in model_configs]
+    data = 1 if mesh is None else mesh.shape["data"]
+    working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4
+    return MemoryPlan(
+        parameters=parameters,
+        caches=caches[0],
+        drafter=sum(caches[1:]),
+        working=working,
+        available=available,
+        rows=rows,
+        cache_len=cache_len,
+    )
+
+
+def _on_device(leaf) -> int:
+    """Bytes of one device's shard of `leaf`."""
+    if not hasattr(leaf, "shape"):
+        return 0
+    shape = leaf.shape
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+        shape = sharding.shard_shape(shape)
+    return math.prod(shape) * leaf.dtype.itemsize
+
+
+def _cache_bytes(config, rows: int, cache_len: int, mesh) -> int:
+    """Bytes of one device's share of a model's KV cache (keys and values)."""
+    cache = jax.eval_shape(lambda: init_cache(config, batch=rows, max_len=cache_len))
+    spec = None if mesh is None else NamedSharding(mesh, cache_spec())
+    total = 0
+    for array in (*cache.keys, *cache.values):
+        shape = array.shape if spec is None else spec.shard_shape(array.shape)
+        total += math.prod(shape) * array.dtype.itemsize
+    return total
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
