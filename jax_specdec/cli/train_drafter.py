@@ -24,6 +24,13 @@ def add_parser(sub) -> None:
         help="feature: our feature head; eagle3: an EAGLE-3 head reading three target "
         "layers, written in the speculators format",
     )
+    _add_data_flags(p)
+    _add_training_flags(p)
+    p.set_defaults(handler=run, parser=p)
+
+
+def _add_data_flags(p) -> None:
+    """What the head reads, and what it learns from."""
     p.add_argument(
         "--aux-layers",
         help="--kind eagle3: the target layer ids it reads, e.g. 2,15,27 (default: a low, "
