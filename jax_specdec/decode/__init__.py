@@ -2,9 +2,9 @@
 
 The modules, in the order a round runs through them:
 
-- `api`: `Generator` (models, drafter, schedule, sampling, tree; validated once) and the
-  one-call forms `speculative_generate`, `autoregressive_generate`; `run`: its bound
-  call `Run`.
+- `api`: `Generator` (models, drafter, schedule, sampling, tree; validated once);
+  `oneshot`: the one-call forms `speculative_generate`, `autoregressive_generate`;
+  `run`: a bound call `Run`; `memory`: its memory plan, checked before compiling.
 - `request`: host-side input checks; prompts, keys and budget become a `Request`.
 - `config`: `LoopConfig`, the program's one static argument.
 - `program`: prefill, then a `lax.while_loop` over rounds under one `jax.jit`.
@@ -21,7 +21,7 @@ The modules, in the order a round runs through them:
 - `stats`: `GenerationOutput` and `GenerationStats`.
 """
 
-from jax_specdec.decode.api import Generator, Run, autoregressive_generate, speculative_generate
+from jax_specdec.decode.api import Generator, Run
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters import (
     Drafter,
@@ -32,6 +32,7 @@ from jax_specdec.decode.drafters import (
     Proposal,
     as_drafter,
 )
+from jax_specdec.decode.oneshot import autoregressive_generate, speculative_generate
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 
 __all__ = [

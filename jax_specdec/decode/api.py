@@ -1,6 +1,5 @@
-"""The public API: a `Generator` (models, drafter, schedule and sampling, validated once),
-its bound calls (`Run`), and the one-call forms `speculative_generate` and
-`autoregressive_generate`."""
+"""The public API: a `Generator` (models, drafter, schedule and sampling, validated once)
+and its bound calls (`Run`); `decode.oneshot` holds the one-call forms."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
 from jax_specdec.sharding import check_mesh, place_rows, shard_state
 
-__all__ = ["Generator", "autoregressive_generate", "speculative_generate"]
+__all__ = ["Generator"]
 
 GREEDY = SamplingConfig(temperature=0.0)
 CHAIN_RULES = (accept_with_noise, accept_block_with_noise)
@@ -336,67 +335,3 @@ def _checked(out: GenerationOutput) -> GenerationOutput:
             stacklevel=3,
         )
     return out
-
-
-def speculative_generate(
-    target: Transformer,
-    draft,
-    prompts,
-    *,
-    key: jax.Array,
-    max_new_tokens,
-    prompt_lengths=None,
-    num_slots: int | None = None,
-    sampling=None,
-    **settings,
-) -> GenerationOutput:
-    """Generates with speculative decoding; distributed exactly as sampling from `target`.
-
-    `Generator(target, draft, **settings)(prompts, key=..., max_new_tokens=...)`: see
-    `Generator` for `schedule` (an int γ or a policy; `num_draft_tokens` is an alias),
-    `eos_token_id`, `vocab_size`, `pad_token_id`, `mesh`, and `Generator.bind` for the
-    prompts, key, budgets, `num_slots` and `sampling` (one setting or one per prompt;
-    default greedy).
-
-    Returns:
-      GenerationOutput(tokens [B, max_new_tokens], lengths [B], stats).
-    """
-    if draft is None:
-        raise TypeError(
-            "draft must be a draft model or a proposer; for plain decoding use "
-            "autoregressive_generate"
-        )
-    generator = Generator(target, draft, **settings)
-    return generator(
-        prompts,
-        key=key,
-        max_new_tokens=max_new_tokens,
-        prompt_lengths=prompt_lengths,
-        num_slots=num_slots,
-        sampling=sampling,
-    )
-
-
-def autoregressive_generate(
-    target: Transformer,
-    prompts,
-    *,
-    key: jax.Array,
-    max_new_tokens,
-    prompt_lengths=None,
-    num_slots: int | None = None,
-    sampling=None,
-    **settings,
-) -> GenerationOutput:
-    """Plain decoding, one target call per token: `Generator(target, **settings)` called on
-    the prompts (`eos_token_id`, `pad_token_id`, `mesh`; `num_slots` and `sampling`, one
-    setting or one per prompt, default greedy, as in `Generator.bind`)."""
-    generator = Generator(target, **settings)
-    return generator(
-        prompts,
-        key=key,
-        max_new_tokens=max_new_tokens,
-        prompt_lengths=prompt_lengths,
-        num_slots=num_slots,
-        sampling=sampling,
-    )
