@@ -1,7 +1,9 @@
 """Import and export of Hugging Face checkpoints (safetensors only, never pickle).
 
 Supported architectures: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM and GPT2LMHeadModel. A model directory holds `config.json`,
+MistralForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM and the text
+model of Gemma3ForConditionalGeneration (its `language_model.` tensors; the vision
+tower's are left unread). A model directory holds `config.json`,
 `model.safetensors` (or a sharded `model.safetensors.index.json`) and optionally
 `tokenizer.json`.
 
@@ -97,22 +99,26 @@ def load_model(
 
     def read():
         for name, _, convert in entries:
+            file, _, stored = found[name]
             # One short-lived handle per tensor: safe_open maps the file, and mapped pages
             # count as resident until unmapped; this keeps the peak near one model copy.
-            with open_safetensors(found[name][0]) as handle:
-                raw = handle.get(_stored_name(handle, name))
+            with open_safetensors(file) as handle:
+                raw = handle.get(stored)
             yield convert(raw)
 
     return build_model(config, read() if weights else None)
 
 
-def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """Canonical tensor name -> (file, shape), from the safetensors headers only."""
-    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple, str]]:
+    """Canonical tensor name -> (file, shape, stored name), from the safetensors headers
+    only; tensors of no use here (a vision tower's) are left out."""
+    found: dict[str, tuple[Path, tuple, str]] = {}
     for file in files:
         with open_safetensors(file) as f:
             for name in f.keys():  # noqa: SIM118 (not a mapping)
-                found[_canonical(name, arch)] = (file, f.shape(name))
+                canonical = _canonical(name, arch)
+                if canonical is not None:
+                    found[canonical] = (file, f.shape(name), name)
     return found
 
 
@@ -190,17 +196,26 @@ def is_gguf(path: Path_) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def _canonical(name: str, arch: str) -> str:
+def _canonical(name: str, arch: str) -> str | None:
+    """The name `hf_entries` knows a stored tensor by, or None for one left unread."""
     # GPT-2 checkpoints appear with and without the "transformer." prefix.
     if arch == "GPT2LMHeadModel" and not name.startswith(("transformer.", "lm_head.")):
         return "transformer." + name
+    if arch == "Gemma3ForConditionalGeneration":
+        # The text model's tensors: language_model.model.* as the original checkpoints
+        # and transformers 5 write them, model.language_model.* as transformers 4.5x did.
+        for prefix, to in _GEMMA3_TEXT_PREFIXES:
+            if name.startswith(prefix):
+                return to + name.removeprefix(prefix)
+        return name if name == "lm_head.weight" else None  # the vision tower's
     return name
 
 
-def _stored_name(handle, name: str) -> str:
-    if name in handle.keys():
-        return name
-    return name.removeprefix("transformer.")
+_GEMMA3_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -267,8 +282,9 @@ def save_model(model: Transformer, path: Path_, tokenizer=None) -> None:
     Writes config.json, model.safetensors and, when given, tokenizer.json.
 
     Args:
-        model: a Llama-style (Qwen2- or Qwen3-style included) or GPT-2-style
-            `Transformer`.
+        model: a Llama-style (Qwen2-, Qwen3- and Gemma 2/3-style included) or
+            GPT-2-style `Transformer` (a Gemma 3 text model is written as
+            Gemma3ForCausalLM, not Gemma3ForConditionalGeneration).
         path: the directory (created if needed).
         tokenizer: optional `tokenizers.Tokenizer` (or an object with a
             `backend_tokenizer`, like a fast transformers tokenizer).

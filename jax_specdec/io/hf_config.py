@@ -1,9 +1,10 @@
 """Hugging Face `config.json` <-> `TransformerConfig`.
 
 `config_from_hf` reads LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM and GPT2LMHeadModel configs (by `architectures`, or by `model_type`
-when `architectures` is missing or null, as transformers does); `config_to_hf` writes
-the inverse.
+MistralForCausalLM, GPT2LMHeadModel and the Gemma configs (Gemma2ForCausalLM,
+Gemma3ForCausalLM and the text model of Gemma3ForConditionalGeneration, in
+`io.hf_gemma`) by `architectures`, or by `model_type` when `architectures` is missing
+or null, as transformers does; `config_to_hf` writes the inverse.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jax_specdec.io.hf_fields import need, rope_from_hf, rope_to_hf
+from jax_specdec.io.hf_gemma import gemma_from_hf, gemma_to_hf, is_gemma
 from jax_specdec.nn import TransformerConfig
-from jax_specdec.nn.config import RopeScaling
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -21,6 +23,9 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
     "GPT2LMHeadModel",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
 )
 # model_type -> architecture, for configs without `architectures` (GGUF-loaded ones).
 _BY_MODEL_TYPE = {
@@ -29,6 +34,9 @@ _BY_MODEL_TYPE = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
 }
 
 # --------------------------------------------------------------------------- config
@@ -49,6 +57,8 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
     dtype = dtype_name(dtype)
     if arch == "GPT2LMHeadModel":
         return _gpt2_from_hf(hf, dtype)
+    if arch.startswith("Gemma"):
+        return gemma_from_hf(hf, arch, dtype)
     return _llama_from_hf(hf, arch, dtype)
 
 
@@ -57,12 +67,6 @@ def _per_head(d, heads):
     which names the field."""
     ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (d, heads))
     return d // heads if ints and heads > 0 else heads
-
-
-def _need(hf: dict[str, Any], key: str, arch: str):
-    if key not in hf:
-        raise ValueError(f"config.json for {arch} lacks the field {key!r}")
-    return hf[key]
 
 
 def _gpt2_from_hf(hf: dict[str, Any], dtype: str) -> TransformerConfig:
@@ -77,17 +81,17 @@ def _gpt2_from_hf(hf: dict[str, Any], dtype: str) -> TransformerConfig:
             raise ValueError(f"GPT-2 option {flag}=true is not supported")
     if hf.get("scale_attn_weights", True) is False:
         raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
-    need = lambda key: _need(hf, key, "GPT2LMHeadModel")  # noqa: E731
-    d, heads = need("n_embd"), need("n_head")
+    need_ = lambda key: need(hf, key, "GPT2LMHeadModel")  # noqa: E731
+    d, heads = need_("n_embd"), need_("n_head")
     return TransformerConfig.gpt2(
-        vocab_size=need("vocab_size"),
+        vocab_size=need_("vocab_size"),
         d_model=d,
-        num_layers=need("n_layer"),
+        num_layers=need_("n_layer"),
         num_heads=heads,
         num_kv_heads=heads,
         head_dim=_per_head(d, heads),
         mlp_dim=hf.get("n_inner") or 4 * d,
-        max_len=need("n_positions"),
+        max_len=need_("n_positions"),
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
         dtype=dtype,
@@ -99,9 +103,9 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ValueError(f"{arch} hidden_act {act!r} is not supported (only silu)")
-    need = lambda key: _need(hf, key, arch)  # noqa: E731
-    d, heads = need("hidden_size"), need("num_attention_heads")
-    theta, scaling = _rope(hf, arch)
+    need_ = lambda key: need(hf, key, arch)  # noqa: E731
+    d, heads = need_("hidden_size"), need_("num_attention_heads")
+    theta, scaling = rope_from_hf(hf, arch)
     qwen3 = arch == "Qwen3ForCausalLM"
     if arch == "Qwen2ForCausalLM":
         qkv_bias, out_bias, mlp_bias = True, False, False
@@ -111,14 +115,14 @@ def _llama_from_hf(hf: dict[str, Any], arch: str, dtype: str) -> TransformerConf
     # transformers' Qwen3Config has head_dim 128 whatever the width, when it names none.
     head_dim = hf.get("head_dim") or (128 if qwen3 else _per_head(d, heads))
     return TransformerConfig.llama(
-        vocab_size=need("vocab_size"),
+        vocab_size=need_("vocab_size"),
         d_model=d,
-        num_layers=need("num_hidden_layers"),
+        num_layers=need_("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=head_dim,
-        mlp_dim=need("intermediate_size"),
-        max_len=_max_len(hf, arch, need("max_position_embeddings")),
+        mlp_dim=need_("intermediate_size"),
+        max_len=_max_len(hf, arch, need_("max_position_embeddings")),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
@@ -163,10 +167,13 @@ def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` dictionary for one of our configs.
 
     Llama-style models export as LlamaForCausalLM (Qwen2ForCausalLM when only q/k/v
-    have biases, Qwen3ForCausalLM with q/k norms); GPT-2-style ones as GPT2LMHeadModel.
-    Other combinations raise ValueError.
+    have biases, Qwen3ForCausalLM with q/k norms); GPT-2-style ones as GPT2LMHeadModel;
+    Gemma-style ones (`io.hf_gemma`) as Gemma2ForCausalLM, or Gemma3ForCausalLM with q/k
+    norms. Other combinations raise ValueError.
     """
     c = config
+    if is_gemma(c):
+        return gemma_to_hf(c)
     if c.norm == "layer" and c.position == "learned" and c.mlp == "gelu":
         if c.qk_norm:
             raise ValueError("GPT-2 export has no q/k norms: qk_norm must be false")
@@ -221,7 +228,7 @@ def _llama_to_hf(c: TransformerConfig) -> dict[str, Any]:
         "head_dim": c.head_dim,
         "max_position_embeddings": c.max_len,
         "rms_norm_eps": c.norm_eps,
-        **_rope_to_hf(c),
+        **rope_to_hf(c),
         "hidden_act": "silu",
         "tie_word_embeddings": c.tie_embeddings,
         "attention_dropout": 0.0,
@@ -289,61 +296,6 @@ def architecture(hf: dict[str, Any]) -> str:
         f"unsupported architectures {archs!r} in config.json; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)}"
     )
-
-
-def _rope(hf: dict[str, Any], arch: str) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling): transformers >= 5 writes rope_parameters, older versions
-    rope_theta and rope_scaling. The default rotary embedding and Llama 3.1's "llama3"
-    scaling are read; any other type is refused."""
-    params = hf.get("rope_parameters") or {}
-    legacy = hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    spec = params if _rope_type(params) != "default" else legacy
-    kind = _rope_type(spec)
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise ValueError(
-            f"{arch} rope type {kind!r} is not supported (the default rotary embedding "
-            "and 'llama3' are)"
-        )
-    missing = [k for k in _LLAMA3_KEYS if k not in spec]
-    if missing:
-        raise ValueError(f"{arch} rope type 'llama3' lacks {', '.join(missing)}")
-    try:
-        scaling = RopeScaling(
-            factor=float(spec["factor"]),
-            low_freq_factor=float(spec["low_freq_factor"]),
-            high_freq_factor=float(spec["high_freq_factor"]),
-            original_max_position=int(spec["original_max_position_embeddings"]),
-        )
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{arch} rope type 'llama3': {e}") from None
-    return theta, scaling
-
-
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-def _rope_type(spec: dict[str, Any]) -> str:
-    return spec.get("rope_type", spec.get("type", "default"))
-
-
-def _rope_to_hf(c: TransformerConfig) -> dict[str, Any]:
-    """rope_theta, rope_parameters (transformers >= 5) and, when scaled, rope_scaling."""
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
-    if c.rope_scaling is None:
-        return {"rope_theta": c.rope_theta, "rope_parameters": params}
-    s = c.rope_scaling
-    scaling = {
-        "rope_type": "llama3",
-        "factor": s.factor,
-        "low_freq_factor": s.low_freq_factor,
-        "high_freq_factor": s.high_freq_factor,
-        "original_max_position_embeddings": s.original_max_position,
-    }
-    params = {**scaling, "rope_theta": c.rope_theta}
-    return {"rope_theta": c.rope_theta, "rope_parameters": params, "rope_scaling": scaling}
 
 
 def dtype_name(dtype) -> str:

@@ -68,15 +68,28 @@ def _gpt2_entries(c: TransformerConfig) -> list[Entry]:
     return entries
 
 
+# HF norm name -> ours. Llama's post_attention_layernorm is the MLP's input norm; Gemma's
+# (post_norms) normalises the attention's output, pre_feedforward_layernorm the MLP's input.
+_LLAMA_NORMS = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm"))
+_GEMMA_NORMS = (
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "attn_post_norm"),
+    ("pre_feedforward_layernorm", "mlp_norm"),
+    ("post_feedforward_layernorm", "mlp_post_norm"),
+)
+
+
 def llama_entries(c: TransformerConfig) -> list[Entry]:
+    """Llama's tensors (Qwen2/3, Mistral and Gemma 2/3 included: the MLP's gate_proj is
+    GeGLU's gate for Gemma, Qwen3 and Gemma 3 add the q/k norms, Gemma its post norms)."""
     D, F, V = c.d_model, c.mlp_dim, c.vocab_size
     qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     entries = Entries()
     entries.add("model.embed_tokens.weight", (V, D), ("embed",))
     for i in range(c.num_layers):
         h, b = f"model.layers.{i}.", ("blocks", i)
-        entries.add(h + "input_layernorm.weight", (D,), (*b, "attn_norm", "scale"))
-        entries.add(h + "post_attention_layernorm.weight", (D,), (*b, "mlp_norm", "scale"))
+        for name, ours in _GEMMA_NORMS if c.post_norms else _LLAMA_NORMS:
+            entries.add(f"{h}{name}.weight", (D,), (*b, ours, "scale"))
         for module, name, dim_in, dim_out, bias in (
             ("self_attn", "q", D, qd, c.qkv_bias),
             ("self_attn", "k", D, kvd, c.qkv_bias),
