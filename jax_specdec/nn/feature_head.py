@@ -99,8 +99,9 @@ class FeatureHeadConfig:
         cls, config: TransformerConfig, kept: int, *, target: str = "", tokenizer_sha256="", **layer
     ) -> FeatureHeadConfig:
         """A head shaped like the target's layers (`config`: d, heads, MLP), one layer
-        unless `layer` overrides it."""
-        fields = {"num_layers": 1, "tie_embeddings": False, **layer}
+        unless `layer` overrides it; its layers attend globally (no sliding window)."""
+        fields = {"num_layers": 1, "tie_embeddings": False, "sliding_window": None,
+                  "local_layers": (), **layer}  # fmt: skip
         return cls(config.replace(**fields), kept, target, tokenizer_sha256)
 
 
