@@ -38,6 +38,9 @@ class Transformer(nnx.Module):
 
     Call `model(tokens)` for a full causal forward pass, or
     `model.decode(tokens, cache)` to extend a `KVCache` (see `jax_specdec.nn.cache`).
+    In every call a local layer (`config.local_layers`) sees only the keys whose
+    positions lie in (p - sliding_window, p] for a query at position p
+    (`attention.in_window`, ANDed into each mask the call builds).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, init_scale: float = 0.02):
