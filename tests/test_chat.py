@@ -208,3 +208,58 @@ def test_generate_chat_end_to_end_and_refused_without_a_template(tmp_path, capsy
     plain = json.loads(capsys.readouterr().out)["outputs"][0]
     assert chat["prompt"] == plain["prompt"] == "x = 1"
     assert len(chat["tokens"]) == 4 and chat["tokens"] != plain["tokens"]
+
+
+def _model_with_template(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in (PAIR / "stdlib-target").iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    template += "{% if add_generation_prompt %}assistant:{% endif %}"
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return model
+
+
+def test_batch_rows_may_carry_messages(tmp_path, capsys):
+    model = _model_with_template(tmp_path)
+    argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json"]
+    assert main([*argv, "--chat", "--max-new-tokens", "5"]) == 0
+    chat = json.loads(capsys.readouterr().out)["outputs"][0]["tokens"]
+    rows = tmp_path / "in.jsonl"
+    message = {"role": "user", "content": "x = 1"}
+    rows.write_text(
+        json.dumps({"id": "m", "messages": [message]}) + "\n" + '{"id": "p", "prompt": "x = 1"}\n'
+    )
+    out = tmp_path / "out.jsonl"
+    job = ["batch", "--input", str(rows), "--output", str(out), "--max-new-tokens", "5"]
+    assert main([*job, "--target", str(model), "--draft", "ngram"]) == 0
+    lines = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert lines["m"]["tokens"] == chat and lines["p"]["tokens"] != chat
+
+
+@pytest.mark.parametrize(
+    "messages, words",
+    [
+        ([{"role": "user"}], "line 1 (id 1): 'messages'[0].content must be a string"),
+        ([], "line 1 (id 1): 'messages' must be a non-empty list"),
+    ],
+)
+def test_bad_messages_rows_are_named(tmp_path, capsys, messages, words):
+    model = _model_with_template(tmp_path)
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"id": 1, "messages": messages}) + "\n")
+    job = ["batch", "--input", str(rows), "--output", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit):
+        main([*job, "--target", str(model), "--draft", "ngram"])
+    assert words in capsys.readouterr().err
+
+
+def test_messages_without_a_template_are_refused(tmp_path, capsys):
+    rows = tmp_path / "in.jsonl"
+    rows.write_text('{"id": 7, "messages": [{"role": "user", "content": "hi"}]}\n')
+    job = ["batch", "--input", str(rows), "--output", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit):
+        main(job)
+    err = capsys.readouterr().err
+    assert "line 1 (id 7): 'messages' needs a chat template; the target has none" in err

@@ -8,6 +8,7 @@ written. A row without a seed of its own gets one derived from the job seed and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 
@@ -17,7 +18,8 @@ from jax_specdec.sampling import SamplingConfig
 __all__ = ["JobError", "JobRow", "derive_seed", "read_rows"]
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
-_KNOWN = {"id", "prompt", "tokens", "seed", "max_new_tokens", *_SAMPLING_FIELDS}
+_PROMPT_FIELDS = ("prompt", "tokens", "messages")
+_KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", *_SAMPLING_FIELDS}
 
 
 class JobError(ValueError):
@@ -47,7 +49,6 @@ def derive_seed(job_seed: int, row_id) -> int:
 
 def _row(obj, line: int, defaults: dict) -> JobRow:
     """One input line as a `JobRow`, or a JobError naming the line."""
-    tokenizer, vocab_size = defaults["tokenizer"], defaults["vocab_size"]
     job_seed, sampling = defaults["job_seed"], defaults["sampling"]
     max_new_tokens, max_len = defaults["max_new_tokens"], defaults["max_len"]
     if not isinstance(obj, dict):
@@ -60,27 +61,7 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
     row_id = obj["id"]
     if isinstance(row_id, bool) or not isinstance(row_id, (str, int)) or row_id == "":
         raise JobError(f"line {line}: 'id' must be a non-empty string or an integer")
-    if ("prompt" in obj) == ("tokens" in obj):
-        raise JobError(f"line {line}: give exactly one of 'prompt' (text) or 'tokens' (ids)")
-    if "prompt" in obj:
-        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-            raise JobError(f"line {line}: 'prompt' must be a non-empty string")
-        if tokenizer is None:
-            raise JobError(f"line {line}: a text 'prompt' needs the target's tokenizer")
-        tokens = tuple(tokenizer.encode(obj["prompt"]).ids)
-        if not tokens:
-            raise JobError(f"line {line}: 'prompt' encodes to no tokens")
-    else:
-        tokens = obj["tokens"]
-        if (
-            not isinstance(tokens, list)
-            or not tokens
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
-        ):
-            raise JobError(f"line {line}: 'tokens' must be a non-empty list of integers")
-        if min(tokens) < 0 or max(tokens) >= vocab_size:
-            raise JobError(f"line {line}: 'tokens' must lie in [0, {vocab_size})")
-        tokens = tuple(tokens)
+    tokens = _prompt_tokens(obj, line, defaults)
     seed = obj.get("seed")
     if seed is None:
         seed = derive_seed(job_seed, row_id)
@@ -102,6 +83,54 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
     return JobRow(row_id, line, tokens, seed, row_sampling, new)
 
 
+def _prompt_tokens(obj: dict, line: int, defaults: dict) -> tuple[int, ...]:
+    """The row's prompt ids: from its `prompt` text, its `tokens`, or its `messages` in the
+    target's chat template; a JobError naming the line otherwise."""
+    tokenizer, vocab_size = defaults["tokenizer"], defaults["vocab_size"]
+    given = [f for f in _PROMPT_FIELDS if f in obj]
+    if len(given) != 1:
+        raise JobError(
+            f"line {line}: give exactly one of 'prompt' (text), 'tokens' (ids) or 'messages' "
+            "(role/content objects)"
+        )
+    if given != ["tokens"] and tokenizer is None:
+        raise JobError(f"line {line}: a text '{given[0]}' needs the target's tokenizer")
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise JobError(f"line {line}: 'prompt' must be a non-empty string")
+        tokens = tuple(tokenizer.encode(obj["prompt"]).ids)
+    elif "messages" in obj:
+        tokens = _chat_tokens(obj, line, defaults)
+    else:
+        tokens = obj["tokens"]
+        if (
+            not isinstance(tokens, list)
+            or not tokens
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+        ):
+            raise JobError(f"line {line}: 'tokens' must be a non-empty list of integers")
+        if min(tokens) < 0 or max(tokens) >= vocab_size:
+            raise JobError(f"line {line}: 'tokens' must lie in [0, {vocab_size})")
+        return tuple(tokens)
+    if not tokens:
+        raise JobError(f"line {line}: '{given[0]}' encodes to no tokens")
+    return tokens
+
+
+def _chat_tokens(obj: dict, line: int, defaults: dict) -> tuple[int, ...]:
+    from jax_specdec.io.chat import check_messages, encode_chat
+
+    where = f"line {line} (id {json.dumps(obj['id'])})"
+    template = defaults["chat_template"]() if defaults["chat_template"] else None
+    if template is None:
+        raise JobError(f"{where}: 'messages' needs a chat template; the target has none")
+    try:
+        check_messages(obj["messages"], "'messages'")
+        return tuple(encode_chat(defaults["tokenizer"], template, obj["messages"]))
+    except ValueError as e:
+        raise JobError(f"{where}: {e}") from None
+
+
 def read_rows(
     path,
     *,
@@ -112,9 +141,12 @@ def read_rows(
     max_new_tokens: int,
     on_error: str = "stop",
     max_len: int | None = None,
+    chat_template=None,
 ) -> tuple[list[JobRow], list[dict]]:
     """Parses the input file. Returns (rows, errors); with on_error="stop" the first bad
     line raises a `JobError` naming its line number, with "skip" it is listed in errors.
+    `chat_template`: a function returning the target's `io.chat.ChatTemplate` (or None),
+    called once, at the first row with `messages`.
     A duplicate id is an error of the later line; so is a row whose prompt and budget do
     not fit in `max_len` tokens (the models' context), when given."""
     if on_error not in ("stop", "skip"):
@@ -126,6 +158,7 @@ def read_rows(
         sampling=sampling,
         max_new_tokens=max_new_tokens,
         max_len=max_len,
+        chat_template=None if chat_template is None else functools.cache(chat_template),
     )
     rows, errors, seen = [], [], {}
     with open(path, "rb") as f:

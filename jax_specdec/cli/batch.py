@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     job = sub.add_parser(
         "batch",
         help="a resumable JSONL generation job (one result line per input row)",
-        description="Input lines: {id, prompt | tokens, [seed, temperature, top_k, top_p, "
+        description="Input lines: {id, prompt | tokens | messages, [seed, temperature, top_k, top_p, "
         "max_new_tokens]}. Output lines: {id, seed, tokens, text, stats}. A restarted job "
         "skips finished ids; a row depends only on the job seed and its id (or its seed).",
     )
@@ -117,6 +117,7 @@ class _Job(NamedTuple):
 def _load(settings) -> _Job:
     """The models and the input of the job's `BatchSettings`, checked."""
     from jax_specdec.batch import read_rows
+    from jax_specdec.io.chat import load_chat_template
 
     settings.check_files()
     # a Ray job's driver needs the models' shapes only: its workers read the weights
@@ -143,6 +144,7 @@ def _load(settings) -> _Job:
         max_new_tokens=settings.max_new_tokens,
         on_error=settings.on_error,
         max_len=max_len,
+        chat_template=functools.partial(load_chat_template, loaded.target_dir),
     )
     return _Job(loaded, eos, max_len, rows, errors)
 
