@@ -544,3 +544,24 @@ def test_the_same_test_fails_with_the_window_left_out(enumerated):
     pvalue = chi_square_pvalue(seqs[1::2], exact)
     print(f"\nGEMMA window left out: chi2_pvalue={pvalue:.3g}")
     assert pvalue < 1e-6
+
+
+def test_heads_for_a_gemma_target_are_llama_style_and_draft_exactly(target, tmp_path):
+    """`train-drafter --kind eagle3` on a Gemma target: the head's layer is Llama-style with
+    global attention (the speculators format has no Gemma layer), it saves and reloads, and
+    an EAGLE-3 head and a feature head draft for the Gemma target (greedy = autoregressive)."""
+    from helpers import make_head
+
+    from jax_specdec.io.heads import load_head
+    from jax_specdec.io.speculators import save_speculators
+    from jax_specdec.nn.eagle3 import Eagle3Head
+    from jax_specdec.training.head_recipe import _eagle3_config
+
+    config = _eagle3_config(target, GEN_VOCAB, 1, (0, 1, 2), "tiny")
+    layer = config.layer
+    assert layer.mlp == "swiglu" and layer.sliding_window is None and not layer.post_norms
+    head = Eagle3Head(config, rngs=nnx.Rngs(0), init_scale=0.1)
+    save_speculators(head, tmp_path / "head")
+    ar = Generator(target)(PROMPTS_GEN, **CALL)
+    for draft in (load_head(tmp_path / "head"), make_head(target)):
+        same_tokens(Generator(target, draft, schedule=3)(PROMPTS_GEN, **CALL), ar)

@@ -247,6 +247,24 @@ def build_head(
     return summary
 
 
+# An EAGLE-3 head's layers are Llama-style whatever the target's family (the speculators
+# format has Llama and Qwen3 layers; Qwen3's q/k norms come from the head's style), with
+# global attention.
+LLAMA_LAYER = dict(
+    mlp="swiglu",
+    qk_norm=False,
+    embed_scale=False,
+    norm_plus_one=False,
+    post_norms=False,
+    query_pre_attn_scalar=None,
+    attn_softcap=None,
+    final_softcap=None,
+    sliding_window=None,
+    local_layers=(),
+    rope_local_theta=None,
+)
+
+
 def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Config:
     """An EAGLE-3 head shaped like the target's layers, reading `aux_layers` (default
     `default_aux_layer_ids`), `layers` decoder layers (1) and `kept` draft tokens (8192),
@@ -259,7 +277,7 @@ def _eagle3_config(target, kept, layers, aux_layers, target_name) -> Eagle3Confi
             raise ValueError(f"aux layer {i} is not a layer id of the target (0 … {tc.num_layers})")
     verifier = verifier_of(target_name, tc)
     layer = tc.replace(
-        num_layers=1 if layers is None else layers, tie_embeddings=False, qk_norm=False
+        num_layers=1 if layers is None else layers, tie_embeddings=False, **LLAMA_LAYER
     )
     return Eagle3Config(
         layer=layer,  # the head's q/k norms are its `style`, as speculators configs say
