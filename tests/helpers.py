@@ -1,5 +1,6 @@
-"""What the tests share: tiny models, ragged prompts, exact enumeration of a target's
-sequence probabilities, the chi-square test, HLO inspection and compile counting."""
+"""What the tests share: tiny models (and a tiny pair saved as model directories), ragged
+prompts, exact enumeration of a target's sequence probabilities, the chi-square test,
+HLO inspection and compile counting."""
 
 import contextlib
 import itertools
@@ -14,6 +15,7 @@ from scipy import stats
 from jax_specdec import speculative_generate
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.nn import Transformer, TransformerConfig
+from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
 
@@ -42,6 +44,48 @@ def make_head(target, seed=5, kept_ids=None, scale=0.3, layers=1):
     head = FeatureHead(config, rngs=nnx.Rngs(seed), init_scale=scale)
     head.vocab_map.set_value(jnp.asarray(kept_ids, jnp.int32))
     return head
+
+
+def make_eagle3(target, layers=(0, 1, 2), kept_ids=None, seed=5, scale=0.3, **flags):
+    """A random EAGLE-3 head (one layer, the target's shape) reading `layers` of `target`;
+    `kept_ids` (sorted, default all) is its draft vocabulary."""
+    tc = target.config
+    kept = np.arange(tc.vocab_size) if kept_ids is None else np.asarray(kept_ids)
+    config = Eagle3Config(
+        layer=tc.replace(num_layers=1),
+        draft_vocab_size=len(kept),
+        aux_layer_ids=tuple(layers),
+        has_embed=False,
+        verifier="tiny test target",
+        **flags,
+    )
+    head = Eagle3Head(config, rngs=nnx.Rngs(seed), init_scale=scale)
+    head.vocab_map.set_value(jnp.asarray(kept, jnp.int32))
+    return head
+
+
+def save_tiny_pair(root, *, num_kv_heads=None, other=False) -> int:
+    """A tiny target (two layers) and draft (one) with a 300-token tokenizer trained on
+    the stdlib corpus, saved as model directories root/target and root/draft (and, with
+    `other`, the draft again as root/other with a different tokenizer); `num_kv_heads`
+    overrides the tiny config's (4 lets the heads split over a mesh's model axis).
+    Returns the vocabulary size."""
+    from jax_specdec.io.hf import save_model
+    from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
+
+    corpus = stdlib_corpus()
+    tokenizer = train_tokenizer(corpus.read(corpus.train[:10]), 300)
+    vocab = tokenizer.get_vocab_size()
+    extra = {} if num_kv_heads is None else {"num_kv_heads": num_kv_heads}
+    for name, seed, layers in (("target", 0, None), ("draft", 1, 1)):
+        shape = extra if layers is None else {**extra, "num_layers": layers}
+        config = TransformerConfig.tiny(vocab_size=vocab, **shape)
+        model = Transformer(config, rngs=nnx.Rngs(seed), init_scale=0.3)
+        save_model(model, f"{root}/{name}", tokenizer=tokenizer)
+    if other:
+        another = train_tokenizer(corpus.read(corpus.train[10:20]), 300)
+        save_model(model, f"{root}/other", tokenizer=another)
+    return vocab
 
 
 @pytest.fixture(scope="module")

@@ -198,21 +198,12 @@ def batch_job():
     batches and with slots: the same rows."""
     import tempfile
 
-    from flax import nnx
+    from helpers import save_tiny_pair
 
     from jax_specdec.cli import main
-    from jax_specdec.io.hf import save_model
-    from jax_specdec.nn import Transformer, TransformerConfig
-    from jax_specdec.training.corpus import stdlib_corpus, train_tokenizer
 
     root = tempfile.mkdtemp()
-    corpus = stdlib_corpus()
-    tokenizer = train_tokenizer(corpus.read(corpus.train[:10]), 300)
-    vocab = tokenizer.get_vocab_size()
-    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
-        config = TransformerConfig.tiny(vocab_size=vocab, num_layers=layers, num_kv_heads=4)
-        model = Transformer(config, rngs=nnx.Rngs(seed), init_scale=0.3)
-        save_model(model, f"{root}/{name}", tokenizer=tokenizer)
+    save_tiny_pair(root, num_kv_heads=4)
     prompts = ["def f(x):", "import os", "class A:", "for i in", "x = [", "if a:", "y = 1", "z"]
     with open(f"{root}/in.jsonl", "w") as f:
         for i in range(11):  # 11 rows: batches of 3 are padded to the data axis
@@ -240,8 +231,7 @@ def drafters():
     """Feature and EAGLE-3 heads (chains, slots, trees) and the n-gram proposer's trees on
     meshes (4,2) and (2,4): the one-device tokens, greedy and sampled, and the head's
     weights split like a target's."""
-    from helpers import make_head, make_model, ragged_prompts
-    from test_eagle3_loop import make_eagle3
+    from helpers import make_eagle3, make_head, make_model, ragged_prompts
 
     from jax_specdec import NGram
     from jax_specdec.decode.tree import Tree
