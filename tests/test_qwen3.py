@@ -478,3 +478,9 @@ def test_a_head_built_for_a_qwen3_target_is_qwen3_style_and_saves(target, tmp_pa
     assert loaded.config.style == "qwen3" and loaded.layers[0].attn.q_norm is not None
     out = Generator(target, loaded, schedule=3)(PROMPTS, **CALL)
     same_tokens(out, Generator(target)(PROMPTS, **CALL))
+
+
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
+def test_mixtures_of_experts_are_refused_by_name(arch):
+    with pytest.raises(ValueError, match=f"{arch} is a mixture-of-experts model, not supported"):
+        config_from_hf({"architectures": [arch], "hidden_size": 8})

@@ -277,6 +277,10 @@ def _qwen3_to_hf(c: TransformerConfig, common: dict[str, Any]) -> dict[str, Any]
     }
 
 
+# Mixture-of-experts families without "Moe" in their class name (refused by name).
+MIXTURES_OF_EXPERTS = ("MixtralForCausalLM", "DeepseekV3ForCausalLM", "DbrxForCausalLM")
+
+
 def architecture(hf: dict[str, Any]) -> str:
     archs = hf.get("architectures") or []
     for arch in archs:
@@ -291,6 +295,12 @@ def architecture(hf: dict[str, Any]) -> str:
         raise ValueError(
             f"config.json has no architectures and an unsupported model_type {model_type!r}; "
             f"supported model types: {', '.join(_BY_MODEL_TYPE)}"
+        )
+    moe = [a for a in archs if "Moe" in a or a in MIXTURES_OF_EXPERTS]
+    if moe:
+        raise ValueError(
+            f"config.json: {moe[0]} is a mixture-of-experts model, not supported yet "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
     raise ValueError(
         f"unsupported architectures {archs!r} in config.json; supported: "
