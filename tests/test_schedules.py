@@ -455,6 +455,12 @@ def test_bad_schedule_parameters(make, match):
         make()
 
 
+class Unhashable(NGram):
+    """A drafter of the protocol that cannot be a static part of the program."""
+
+    __hash__ = None
+
+
 def test_bad_schedule_arguments(target, draft):
     kwargs = dict(key=jax.random.key(0), max_new_tokens=4)
     with pytest.raises(ValueError, match="either num_draft_tokens or schedule"):
@@ -469,5 +475,11 @@ def test_bad_schedule_arguments(target, draft):
         speculative_generate(target, draft, [[1]], schedule=0, **kwargs)
     with pytest.raises(ValueError, match="Confidence needs a draft model"):
         speculative_generate(target, NGram(), [[1]], schedule=Confidence(), **kwargs)
-    with pytest.raises(TypeError, match="proposer such as"):
-        speculative_generate(target, "ngram", [[1]], **kwargs)
+    with pytest.raises(TypeError, match="a drafter with the methods init, prepare"):
+        speculative_generate(target, 42, [[1]], **kwargs)
+    with pytest.raises(TypeError, match="must be hashable"):
+        speculative_generate(target, Unhashable(), [[1]], **kwargs)
+    # a draft named by a string is loaded (io.draft.load_draft): "ngram" is prompt lookup
+    by_name = speculative_generate(target, "ngram", [[1, 2, 1]], **kwargs)
+    same = speculative_generate(target, NGram(), [[1, 2, 1]], **kwargs)
+    assert by_name.tokens.tolist() == same.tokens.tolist()
