@@ -194,13 +194,7 @@ def test_generate_chat_end_to_end_and_refused_without_a_template(tmp_path, capsy
     err = capsys.readouterr().err
     assert "--chat: " in err and "stdlib-target has no chat template" in err
     assert err.count("\n") == 1
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in (PAIR / "stdlib-target").iterdir():
-        (model / f.name).write_bytes(f.read_bytes())
-    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    template += "{% if add_generation_prompt %}assistant:{% endif %}"
-    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    model = _model_with_template(tmp_path)
     argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json"]
     assert main([*argv, "--chat", "--max-new-tokens", "4"]) == 0
     chat = json.loads(capsys.readouterr().out)["outputs"][0]
