@@ -123,13 +123,15 @@ def attention(q: jax.Array, parts, scale: float | None = None, softcap=None) -> 
         return _dot_product_attention(q, parts, kernel(), scale)
     K = parts[0][0].shape[1]
     q = q.reshape(B, T, K, H // K, hd)
-    scores = []
-    for k, _, mask in parts:
-        s = _scores(q, k) * np.float32(scale)
-        if softcap is not None:
-            s = softcap * jnp.tanh(s / softcap)
-        scores.append(jnp.where(mask[:, None, None], s, jnp.finfo(_F32).min))
-    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)  # float32 softmax
+    # Scaled and capped before the mask, all parts at once: masking each part first
+    # would make an empty part (a prefill's cache) a constant that XLA folds, for
+    # minutes at 10^5 rows, where the softmax reduces it.
+    scores = jnp.concatenate([_scores(q, k) for k, _, _ in parts], axis=-1) * np.float32(scale)
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    mask = jnp.concatenate([jnp.broadcast_to(m, (B, T, m.shape[-1])) for _, _, m in parts], -1)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(_F32).min)
+    probs = jax.nn.softmax(scores, axis=-1)  # float32 softmax
     out, start = 0.0, 0
     for _, v, mask in parts:
         p = probs[..., start : start + mask.shape[-1]].astype(v.dtype)
