@@ -93,8 +93,10 @@ def _drop_compiled_programs():
 
 # Programs compiled per file, held to compile_budget.json: a file over its budget fails
 # at its last test's teardown, so the suite does not drift back to compiling the same
-# program again and again. A budget is the measured count with 15% and 5 programs of
-# slack (30 more for the files that may build the session's `pair`).
+# program again and again. A test class is counted on its own ("file.py::Class"), since
+# xdist may run a file's classes on different workers (--dist loadscope); each starts
+# from no compiled programs too. A budget is the measured count with 15% and 5 programs
+# of slack (30 more for the files that may build the session's `pair`).
 BUDGETS = json.loads(pathlib.Path(__file__).with_name("compile_budget.json").read_text())
 _compiles = [0]
 _counts: dict[str, int] = {}
@@ -114,12 +116,7 @@ def _count(event, duration, **kwargs):
 jax.monitoring.register_event_duration_secs_listener(_count)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _compile_budget(request):
-    jax.clear_caches()
-    before, seconds = _compiles[0], dict(_seconds)
-    yield
-    name = request.path.name
+def _budget(name, before, seconds):
     _counts[name] = _compiles[0] - before
     _file_seconds[name] = {k: round(_seconds[k] - seconds[k], 1) for k in seconds}
     budget = BUDGETS.get(name)
@@ -129,6 +126,25 @@ def _compile_budget(request):
             "tests/compile_budget.json: share compiled programs between its tests (one bound "
             "Run, module-scoped fixtures), or raise the budget if the new programs are needed"
         )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_budget(request):
+    jax.clear_caches()
+    before, seconds = _compiles[0], dict(_seconds)
+    yield
+    _budget(request.path.name, before, seconds)
+
+
+@pytest.fixture(autouse=True, scope="class")
+def _class_compile_budget(request):
+    if request.cls is None:  # a function outside a class: its file's count only
+        yield
+        return
+    jax.clear_caches()
+    before, seconds = _compiles[0], dict(_seconds)
+    yield
+    _budget(f"{request.path.name}::{request.cls.__name__}", before, seconds)
 
 
 def pytest_sessionfinish(session):
@@ -141,9 +157,9 @@ def pytest_sessionfinish(session):
         (path / f"{os.getpid()}.seconds.json").write_text(seconds)
 
 
-# The heaviest files first, longest first: each file runs whole on one of two workers
-# (--dist loadfile; xdist keeps this order under --no-loadscope-reorder), and a heavy
-# file started last would run on alone at the end.
+# The heaviest files first, longest first: each file (each test class) runs whole on one
+# of two workers (--dist loadscope; xdist keeps this order under --no-loadscope-reorder),
+# and a heavy file started last would run on alone at the end.
 HEAVY_FIRST = (
     "test_drafter_contract.py",
     "test_sharding.py",

@@ -13,11 +13,10 @@ from flax import nnx
 from scipy import stats
 
 from jax_specdec import speculative_generate
-from jax_specdec.acceptance import AcceptResult
 from jax_specdec.nn import Transformer, TransformerConfig
 from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
-from jax_specdec.sampling import probs_from_logits, sample_with_uniforms
+from jax_specdec.sampling import probs_from_logits
 
 VOCAB = 6
 
@@ -181,26 +180,6 @@ def assert_follows_target(target, seqs, sampling, eos, label=""):
         pvalue = chi_square_pvalue(seqs[which::2], exact)
         print(f"\nEXACTNESS {label} prompt{which}: chi2_pvalue={pvalue:.3g}")
         assert pvalue > 1e-3, f"{label} prompt {which}: p = {pvalue:.3g}"
-
-
-def wrong_rule_pvalue(target, seqs, sampling, eos):
-    """The exactness tests' statistic on the rows of PROMPTS[0] among `seqs` (sampled with
-    a wrong acceptance rule, which the tests must catch: a p-value below 1e-6)."""
-    exact = exact_sequence_probs(target, np.array(PROMPTS[0]), sampling, eos)
-    return chi_square_pvalue(seqs[0::2], exact)
-
-
-def wrong_accept(uniforms, draws, draft_tokens, draft_probs, target_probs, num_drafted):
-    """Resamples a rejection from plain p instead of the residual: not exact."""
-
-    def row(u, x, q, p, k):
-        at = jnp.arange(x.size)
-        passed = (u * q[at, x] < p[at, x]) & (at < k)
-        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
-
-    n = jax.vmap(row)(uniforms, draft_tokens, draft_probs, target_probs, num_drafted)
-    p_next = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]
-    return AcceptResult(n, sample_with_uniforms(draws, p_next))
 
 
 def copies_outside_entry(hlo: str, shape: str) -> int:

@@ -88,6 +88,7 @@ def nan_target(pair, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_generate_refuses_output_of_nan_weights(pair, nan_target, capsys):
     argv = ["generate", "def f", "--target", str(nan_target), "--draft", str(pair / "draft")]
     err = cli_refusal([*argv, "--max-new-tokens", "3"], capsys)
@@ -388,6 +389,7 @@ def test_train_vocab_size_below_the_bytes_is_refused(tmp_path, capsys):
     assert "vocab_size must be >= 257" in one_line(cli_refusal(argv, capsys))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_one_line(pair, tmp_path, capsys):
     from jax_specdec.cli import main
 

@@ -50,6 +50,7 @@ def by_id(path):
     return {json.dumps(r["id"]): r for r in map(json.loads, path.read_text().splitlines())}
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_slots_batch_size_or_order(pair, tmp_path, capsys):
     rows = job_rows()
     inp = write_input(tmp_path / "in.jsonl", rows)
@@ -84,6 +85,7 @@ def test_rows_do_not_depend_on_slots_batch_size_or_order(pair, tmp_path, capsys)
 SETTINGS = [{}, {"temperature": 0}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 5}]
 
 
+@pytest.mark.slow
 def test_a_job_of_mixed_settings_is_one_program_and_each_row_its_own(pair, tmp_path, capsys):
     """Rows of five sampling settings share the slots and one compiled program (as many
     programs as a job of one setting compiles); each row's tokens are those a job of its
@@ -116,6 +118,7 @@ def test_seed_key_data_is_jax_random_key_for_32_bit_seeds():
     assert derive_seed(0, "a") != derive_seed(0, "b") != derive_seed(1, "a")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
     """SIGKILL, or Ctrl-C (the CLI stops between calls: one line, exit 130), mid-job; the

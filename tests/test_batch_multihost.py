@@ -141,6 +141,7 @@ def test_processes_with_different_inputs_stop_before_generating(job):
         assert not (d / "out.jsonl").exists() and not (d / "out.jsonl.job.json").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_one_process_output(job):
     dirs = hosts(job, "clean")
     results = finish(start(job, dirs))
@@ -155,6 +156,7 @@ def test_two_processes_write_the_one_process_output(job):
     assert not (dirs[1] / "out.jsonl").exists()  # process 1 writes nothing
 
 
+@pytest.mark.slow
 def test_resumes_after_a_process_is_killed(job):
     dirs = hosts(job, "killed")
     output = dirs[0] / "out.jsonl"

@@ -52,6 +52,7 @@ def test_decode_step_loop_donates_and_hands_on_its_cache(target):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.slow
 def test_round_calibration_gives_a_cost_model(target, draft, temperature):
     cost = calibrate_round_costs(
         target,
@@ -70,6 +71,7 @@ def test_round_calibration_gives_a_cost_model(target, draft, temperature):
     assert np.all((0.01 <= prior) & (prior <= 0.99)) and not np.any(prior == 0.6)
 
 
+@pytest.mark.slow
 def test_round_calibration_pools_several_batches(target, draft):
     """`more_batches`: the prior is the acceptance per position pooled over every
     batch's constant-γ runs (the same key, so the same runs as here)."""
@@ -109,6 +111,7 @@ def test_round_calibration_pools_several_batches(target, draft):
         calibrate_round_costs(target, draft, batches[0], max_gamma=1, more_batches=[batches[1]])
 
 
+@pytest.mark.slow
 def test_measure_times_runs_together_and_keeps_their_outputs(target, draft):
     prompts = ragged_prompts(3, VOCAB, seed=1)
     bind = dict(key=jax.random.key(0), max_new_tokens=5)
@@ -124,6 +127,7 @@ def test_measure_times_runs_together_and_keeps_their_outputs(target, draft):
     assert int(np.sum(ar.stats.drafted)) == 0 < int(np.sum(spec.stats.drafted))
 
 
+@pytest.mark.slow
 def test_run_benchmark_on_tiny_models(target, draft):
     results = run_benchmark(
         target,

@@ -215,6 +215,7 @@ def _model_with_template(tmp_path):
     return model
 
 
+@pytest.mark.slow
 def test_batch_rows_may_carry_messages(tmp_path, capsys):
     model = _model_with_template(tmp_path)
     argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json"]

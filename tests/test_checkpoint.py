@@ -34,6 +34,7 @@ def flat_params(model):
     ],
     ids=["llama_f32", "gpt2_bf16"],
 )
+@pytest.mark.slow
 def test_round_trip_is_bit_identical(config, tmp_path):
     model = Transformer(config, rngs=nnx.Rngs(3), init_scale=0.3)
     save_checkpoint(model, tmp_path / "ckpt")

@@ -20,6 +20,7 @@ def run_json(pair, *args):
     return argv + list(args)
 
 
+@pytest.mark.slow
 def test_generate_json_is_reproducible(pair, capsys):
     args = run_json(
         pair, "def f(x):", "--max-new-tokens", "12", "--temperature", "1", "--seed", "3"
@@ -124,6 +125,7 @@ def sweep(target, draft, out, temperatures, capsys, extra=()):
     return capsys.readouterr().out, json.loads((out / "sweep.json").read_text())
 
 
+@pytest.mark.slow
 def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
     out = tmp_path / "sweep"
     table, results = sweep(pair / "target", pair / "draft", out, "0,1", capsys)
@@ -157,6 +159,7 @@ def test_sweep_writes_json_plots_and_table(pair, tmp_path, capsys):
         assert (out / name).stat().st_size > 100, name
 
 
+@pytest.mark.slow
 def test_sweep_takes_a_feature_head(pair, tmp_path, capsys):
     """A head has no confidence schedule: the sweep times the rest, and its draft step;
     with --explore, the exploring cost model beside the plain one."""

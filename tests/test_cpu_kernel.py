@@ -182,6 +182,7 @@ def _cpu_flags() -> set[str]:
 
 
 @pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+@pytest.mark.slow
 def test_16_bit_widening_on_every_instruction_set(march, tmp_path):
     """The 16-bit paths compiled without XLA for AVX-512 (native here), F16C without
     AVX-512 (x86-64-v3) and neither (x86-64): every float16 and bfloat16 value widens

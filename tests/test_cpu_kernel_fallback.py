@@ -25,6 +25,7 @@ def _tokens():
     return np.asarray(out.tokens)
 
 
+@pytest.mark.slow
 def test_a_failed_build_warns_once_and_gives_the_same_tokens(monkeypatch, tmp_path):
     monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")  # XLA's products, by choice
     jax.clear_caches()
@@ -98,6 +99,7 @@ def test_cxx_may_be_a_command_of_several_words(tmp_path, monkeypatch):
         cpu_matmul._build(out, "no-such-ccache g++")
 
 
+@pytest.mark.slow
 def test_a_damaged_library_in_the_cache_is_built_again_not_loaded(tmp_path, monkeypatch):
     """A truncated copy of the library at its cache key (a bad restore, a full disk) used
     to be loaded, and the process died of SIGBUS: a child process shows it."""

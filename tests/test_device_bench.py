@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_table(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "device_bench.py"), str(out), "--quick"]

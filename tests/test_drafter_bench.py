@@ -22,6 +22,7 @@ def run(tmp_path, *flags) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_timed_draft_model_against_ngram(tmp_path):
     result = run(
         tmp_path, *PAIR, "--versus", "ngram", "--prompt-kind", "code", "--prompts", "2",
@@ -48,6 +49,7 @@ def test_timed_draft_model_against_ngram(tmp_path):
     assert result["summary"][1]["tokens_per_round"] == draft["tokens_per_round"]
 
 
+@pytest.mark.slow
 def test_untimed_chains_block_and_trees_from_a_prompt_file(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\\n    return\nclass Point:\\n    def __init__(self):\n")

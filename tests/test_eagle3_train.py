@@ -58,6 +58,7 @@ def _unrolled(head, prev, tokens, embed, steps):
     [dict(norm_before_residual=True), dict(style="qwen3", norm_output=True, fc_norm=True)],
     ids=["llama", "qwen3_norm_output"],
 )
+@pytest.mark.slow
 def test_training_passes_see_what_the_loop_sees(flags):
     """`Eagle3Head.unrolled` step s + 1 at entry p + s equals the loop's round with
     pending position p: the entries up to p from the target's layers (one cached call),
@@ -113,6 +114,7 @@ def _tiny_prompts(count=12, seed=0):
     return [(rng.integers(0, VOCAB, rng.integers(2, 6)).tolist(), i % 3 != 0) for i in range(count)]
 
 
+@pytest.mark.slow
 def test_continuations_are_the_targets_and_resume(tmp_path):
     """Greedy rows are the target's greedy continuations; sampled rows depend on the
     batch's key only, so a run that lost a part makes the same windows again."""
@@ -151,6 +153,7 @@ def _self_data(target, directory, count=48):
     )
 
 
+@pytest.mark.slow
 def test_agreement_counts_rounds_after_the_prompt_only(tmp_path):
     """Draft step s + 1 at entry i counts when its round's pending position i - s is the
     last prompt token or later (and at least 1)."""
@@ -168,6 +171,7 @@ def test_agreement_counts_rounds_after_the_prompt_only(tmp_path):
         assert measured[s] == round(float(hits[counted].mean()), 4)
 
 
+@pytest.mark.slow
 def test_training_raises_agreement(tmp_path):
     target = tiny_target()
     data = _self_data(target, tmp_path)
@@ -185,6 +189,7 @@ def test_training_raises_agreement(tmp_path):
 # ---------------------------------------------------------------- the command
 
 
+@pytest.mark.slow
 def test_cli_trains_an_eagle3_head_on_the_targets_own_text(pair, tmp_path, capsys):
     from jax_specdec.cli import main
 

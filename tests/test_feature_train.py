@@ -111,6 +111,7 @@ def test_kept_vocabulary_is_the_most_frequent():
         kept_vocabulary(data, 11, 10)
 
 
+@pytest.mark.slow
 def test_training_raises_agreement_and_the_head_drafts_better(tmp_path):
     target = tiny_target()
     data = tiny_data(target, tmp_path / "data")
@@ -130,6 +131,7 @@ def test_training_raises_agreement_and_the_head_drafts_better(tmp_path):
     assert first > 0.5  # the first draft, as the teacher-forced agreement measures it
 
 
+@pytest.mark.slow
 def test_unrolled_training_raises_later_draft_steps(tmp_path):
     target = tiny_target()
     data = tiny_data(target, tmp_path / "data")
@@ -213,6 +215,7 @@ def test_head_directory_round_trip_and_bad_files(tmp_path):
         load_head(tmp_path)
 
 
+@pytest.mark.slow
 def test_head_saved_in_float16_stays_float16_and_drafts_the_same(tmp_path):
     """A head saved in float16 loads in float16 (its config says so) and drafts exactly
     as the same weights widened to float32: the products widen them as they read."""
@@ -253,6 +256,7 @@ def test_head_saved_in_float16_stays_float16_and_drafts_the_same(tmp_path):
         train_head(loaded, target, data, data, HeadTrainConfig(steps=1), checkpoint_dir=tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     from jax_specdec.cli import main
 

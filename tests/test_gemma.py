@@ -546,6 +546,7 @@ def test_the_same_test_fails_with_the_window_left_out(enumerated):
     assert pvalue < 1e-6
 
 
+@pytest.mark.slow
 def test_heads_for_a_gemma_target_are_llama_style_and_draft_exactly(target, tmp_path):
     """`train-drafter --kind eagle3` on a Gemma target: the head's layer is Llama-style with
     global attention (the speculators format has no Gemma layer), it saves and reloads, and

@@ -169,6 +169,7 @@ def test_export_of_our_own_models(tmp_path):
         np.testing.assert_array_equal(np.asarray(again(jnp.asarray(tokens, jnp.int32))), got)
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_and_bfloat16(tmp_path):
     model = hf_model("llama")
     model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")

@@ -60,6 +60,7 @@ def test_python_api_loads_from_the_cache(hub):
     assert out.tokens.tolist() == ref.tokens.tolist()
 
 
+@pytest.mark.slow
 def test_generate_and_batch_take_hub_ids(hub, tmp_path, capsys):
     argv = ["generate", "import os", "--target", "org/target", "--draft", "org/draft"]
     assert main([*argv, "--max-new-tokens", "6", "--json"]) == 0

@@ -35,6 +35,7 @@ def _tokens(argv, capsys):
     return json.loads(capsys.readouterr().out)["outputs"][0]["tokens"]
 
 
+@pytest.mark.slow
 def test_generate_mesh_and_dtype(capsys):
     plain = _tokens([], capsys)
     assert _tokens(["--mesh", "1x1"], capsys) == plain
@@ -45,6 +46,7 @@ def test_generate_mesh_and_dtype(capsys):
     assert "--mesh must be DATAxMODEL with 1 devices in all" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_batch_job_records_its_dtype(tmp_path, capsys):
     rows = tmp_path / "in.jsonl"
     rows.write_text('{"id": 1, "prompt": "import os"}\n')

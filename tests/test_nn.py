@@ -168,6 +168,7 @@ def test_prefill_then_one_token_at_a_time(name):
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.slow
 def test_random_chunks(name):
     config = CONFIGS[name]
     model = make(config)

@@ -68,6 +68,7 @@ def _generators(target, draft):
 
 
 @pytest.mark.parametrize("name", ["draft model", "head, slots", "head tree", "n-gram tree, slots"])
+@pytest.mark.slow
 def test_each_row_gets_the_tokens_of_its_own_setting(target, draft, name):
     """A batch mixing greedy, temperature, top-p and top-k rows (through slots where
     named): every row's tokens equal those it gets in a batch of its own setting with

@@ -40,31 +40,23 @@ def skip_then_draft(stats):
     return jnp.where(stats.round % 8 < 5, 0, 3)
 
 
-def skip_once(stats):
-    """γ = 0 in the first round, then 2: the first draft runs after a catch-up from an
-    empty cache, within the exactness test's three tokens."""
-    return jnp.where(stats.round == 0, 0, 2)
-
-
 def cycle(stats):
     return (stats.round % 3) * 2  # 0, 2, 4, 0, ...
 
 
-# Each draws γ differently; all with max_gamma <= 4 to keep compile times small.
+# Each draws γ differently; all with max_gamma <= 4 to keep compile times small. A
+# constant γ, early exit (Confidence) and γ = 0 steps are drafter-contract cases
+# (tests/test_drafter_contract.py).
 MODEL_SCHEDULES = {
     "heuristic": Heuristic(initial=2, min_gamma=1, max_gamma=4),
-    "confidence": Confidence(threshold=0.5, max_gamma=4),
     # Confident enough to draft even for the slowest of the exactness test's 10^5 rows.
     "cost_model": CostModel(
         draft_cost=0.1, verify_costs=(1.0, 1.1, 1.2, 1.3, 1.4), prior_alpha=0.98
     ),
     "cost_model_off": CostModel(draft_cost=1.0, verify_costs=(1.0, 3.0, 5.0)),
-    "custom_skip": Custom(skip_then_draft, max_gamma=3),
-    "custom_skip_once": Custom(skip_once, max_gamma=2),
     "custom_cycle": Custom(cycle, max_gamma=4),
 }
 NGRAM_SCHEDULES = {
-    "ngram_constant": Constant(3),
     "ngram_heuristic": Heuristic(initial=2, max_gamma=4),
     "ngram_cycle": Custom(cycle, max_gamma=4),
 }
@@ -82,7 +74,13 @@ ALL = sorted([*MODEL_SCHEDULES, *NGRAM_SCHEDULES])
 # ---------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("name", ALL)
+# The quick loop (-m "not slow") keeps one schedule's greedy case.
+QUICK = ("heuristic",)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in ALL]
+)
 def test_greedy_equals_autoregressive_for_every_schedule(name):
     target = make_model(10, vocab=32, scale=0.3)
     draft = make_model(11, vocab=32, scale=0.3, num_layers=1)
@@ -105,10 +103,11 @@ def test_greedy_equals_autoregressive_for_every_schedule(name):
     assert np.all(np.asarray(s.accepted_at + s.rejected_at) <= np.asarray(s.drafted_at))
     if name == "cost_model_off":  # verifying costs more than it can return: never drafts
         assert int(np.sum(s.drafted)) == 0 and s.gamma_rounds.tolist() == [23, 0, 0]
-    if name in ("custom_skip", "ngram_cycle", "cost_model"):
+    if name in ("ngram_cycle", "cost_model"):
         assert int(s.gamma_rounds[0]) > 0 and int(np.sum(s.gamma_rounds[1:])) > 0
 
 
+@pytest.mark.slow
 def test_ngram_accepts_repeats_of_greedy_decoding():
     target = make_model(10, vocab=32, scale=0.3)
     common = dict(key=jax.random.key(0), max_new_tokens=48, sampling=SamplingConfig(0.0))
@@ -135,7 +134,7 @@ def test_samples_follow_the_target_for_every_schedule(target, draft, name):
     seqs, run_stats = sample_sequences(
         target, proposer, sampling, None, eos, seed=len(name), schedule=schedule
     )
-    if name not in ("cost_model_off", "custom_skip"):  # those two only run γ = 0 here
+    if name != "cost_model_off":  # it only runs γ = 0
         assert int(np.sum(run_stats.drafted)) > 0
     for which, prompt in enumerate(PROMPTS):
         exact = exact_sequence_probs(target, np.array(prompt), sampling, eos)
@@ -150,7 +149,8 @@ def test_samples_follow_the_target_for_every_schedule(target, draft, name):
 # ---------------------------------------------------------------- rows and programs
 
 
-@pytest.mark.parametrize("name", ["heuristic", "confidence", "ngram_heuristic"])
+@pytest.mark.parametrize("name", ["heuristic", "ngram_heuristic"])
+@pytest.mark.slow
 def test_per_row_schedules_keep_rows_independent_of_the_batch(target, draft, name):
     proposer, schedule = proposer_and_schedule(name, draft)
     prompts = [(p * 2)[:8] for p in ragged_prompts(8, VOCAB, seed=5)]
@@ -163,6 +163,7 @@ def test_per_row_schedules_keep_rows_independent_of_the_batch(target, draft, nam
 
 
 @pytest.mark.parametrize("schedule", [Custom(skip_then_draft, max_gamma=3), "cost_model"])
+@pytest.mark.slow
 def test_draft_cache_catches_up_after_skipped_rounds(target, schedule):
     """The target as its own draft: with a draft cache that caught up correctly after
     γ = 0 rounds (and without a prefill), q = p and every draft is accepted, even at
@@ -186,6 +187,7 @@ def test_draft_cache_catches_up_after_skipped_rounds(target, schedule):
     assert int(np.sum(s.accepted)) == int(np.sum(s.drafted))
 
 
+@pytest.mark.slow
 def test_constant_schedule_is_num_draft_tokens(target, draft):
     prompts = ragged_prompts(4, VOCAB, seed=2)
     kwargs = dict(key=jax.random.key(3), max_new_tokens=10, sampling=SamplingConfig(1.0))
@@ -194,6 +196,7 @@ def test_constant_schedule_is_num_draft_tokens(target, draft):
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
 
 
+@pytest.mark.slow
 def test_stats_per_position_and_remaining(target, draft):
     prompts = ragged_prompts(6, VOCAB, seed=3)
     kw = dict(key=jax.random.key(4), max_new_tokens=12, sampling=SamplingConfig(1.0))
@@ -212,9 +215,17 @@ def test_stats_per_position_and_remaining(target, draft):
     assert int(s.gamma_rounds[0]) == 0 and int(s.gamma_rounds[2]) > 0
 
 
-@pytest.mark.parametrize("name", ["heuristic", "confidence", "custom_skip"])
+DYNAMIC = {
+    "heuristic": MODEL_SCHEDULES["heuristic"],
+    "confidence": Confidence(threshold=0.5, max_gamma=4),
+    "custom_skip": Custom(skip_then_draft, max_gamma=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC))
+@pytest.mark.slow
 def test_dynamic_rounds_do_not_copy_caches(target, draft, name):
-    generator = Generator(target, draft, schedule=MODEL_SCHEDULES[name])
+    generator = Generator(target, draft, schedule=DYNAMIC[name])
     run = generator.bind([[1, 2, 3], [4]], key=jax.random.key(0), max_new_tokens=8)
     hlo = run.lower().compile().as_text()
     for model in (target, draft):

@@ -55,6 +55,7 @@ def mode_result(sharded, mode):
     return result
 
 
+@pytest.mark.slow
 def test_meshes_give_the_one_device_tokens_and_split_the_weights(sharded):
     result = mode_result(sharded, "equality")
     print("\nSHARDING " + json.dumps(result))
@@ -78,6 +79,7 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights(sharded):
     assert "model axis (4) does not divide the draft model's num_kv_heads (2)" in errors["kv"]
 
 
+@pytest.mark.slow
 def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
     result = mode_result(sharded, "batch")
     assert result["rows"] == 11
@@ -85,6 +87,7 @@ def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
     assert result["same"] == dict.fromkeys(ways, True)
 
 
+@pytest.mark.slow
 def test_heads_and_trees_on_meshes_give_the_one_device_tokens(sharded):
     result = mode_result(sharded, "drafters")
     assert len(result["same"]) == 8 and all(result["same"].values()), result["same"]
@@ -105,6 +108,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, sharded):
     script = str(HERE / "multihost_run.py")
     port, out = str(free_port()), tmp_path / "multi.json"

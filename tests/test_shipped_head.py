@@ -10,6 +10,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from jax_specdec import SamplingConfig, autoregressive_generate, speculative_generate
@@ -34,6 +35,7 @@ def test_shipped_head_is_shaped_for_smollm2_and_small():
     assert "Apache-2.0" in (HEAD / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_shipped_head_keeps_greedy_output():
     head = load_head(HEAD)
     target = Transformer(

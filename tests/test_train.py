@@ -92,6 +92,7 @@ def _stream(vocab=64, size=20_000, seed=0):
     return stream
 
 
+@pytest.mark.slow
 def test_training_lowers_loss_and_is_deterministic(tmp_path):
     stream = _stream()
     config = TrainConfig(
@@ -118,6 +119,7 @@ def test_training_lowers_loss_and_is_deterministic(tmp_path):
 
 
 @pytest.mark.parametrize("divergence", ["tvd", "kl"])
+@pytest.mark.slow
 def test_distillation_moves_draft_towards_teacher(tmp_path, divergence):
     stream = _stream()
     teacher = Transformer(TransformerConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0), init_scale=0.1)

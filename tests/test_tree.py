@@ -1,6 +1,9 @@
 """Tree rounds: the tree's structure and mask, the walk against a NumPy reference, the
-n-gram trie, greedy equality with autoregressive decoding, and the enumerated
-exactness test over tree shapes and sampling settings (a wrong rule fails it)."""
+n-gram trie, a head's tree against EAGLE-2's expansion, and stub drafters of fixed tree
+shapes: greedy equality with autoregressive decoding and the enumerated exactness test
+over tree shapes and sampling settings. The drafters' tree rounds (greedy equality,
+enumerated sampling, a wrong walk or recursive rejection caught, rows independent of
+the batch) are tests/test_drafter_contract.py's."""
 
 import dataclasses
 import functools
@@ -19,7 +22,6 @@ from helpers import (
     make_head,
     ragged_prompts,
     sample_sequences,
-    wrong_rule_pvalue,
 )
 
 from jax_specdec import Generator, NGram
@@ -215,17 +217,7 @@ def test_ngram_matches_start_with_the_lookup_proposal():
 # ---------------------------------------------------------------- greedy
 
 
-@pytest.mark.parametrize("nodes", [4, 9])
-def test_greedy_ngram_trees_emit_the_autoregressive_tokens(target, nodes):
-    prompts = ragged_prompts(6, VOCAB, seed=3, max_len=12)
-    kwargs = dict(key=jax.random.key(0), max_new_tokens=20)
-    ar = Generator(target)(prompts, **kwargs)
-    out = Generator(target, NGram(), schedule=4, tree=nodes)(prompts, **kwargs)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
-    assert int(out.stats.accepted.sum()) > 0
-
-
+@pytest.mark.slow
 def test_greedy_fixed_tree_emits_the_autoregressive_tokens(target):
     drafter, tree = fixed("tree7")
     prompts = ragged_prompts(6, VOCAB, seed=4, max_len=12)
@@ -278,35 +270,6 @@ def test_sampled_tree_samples_follow_the_target(target, name):
     assert_follows_target(target, seqs, sampling, eos, name)
 
 
-def _unnormalised(p, q, x, rows):
-    """A wrong rejection: the residual max(0, p - q) left unnormalised."""
-    q = q.at[rows, x].set(0.0)
-    return jnp.maximum(p - q, 0.0), q / q.sum(-1, keepdims=True)
-
-
-WRONG_RSD = functools.partial(accept_rsd, reject=_unnormalised)
-
-
-@pytest.mark.slow
-def test_a_wrong_sibling_rule_fails_the_same_test(target):
-    drafter, tree = SampledTree(parents=SHAPES["star3"]), fixed("star3")[1]
-    sampling = SamplingConfig(1.0)
-    seqs, _ = _tree_samples(target, drafter, tree, sampling, None, seed=0, _rule=WRONG_RSD)
-    assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
-
-
-@pytest.mark.slow
-def test_a_heads_sampled_tree_samples_follow_the_target(target):
-    """A head whose kept vocabulary leaves out token 3, which the target emits: the
-    residuals must supply it."""
-    head = make_head(target, seed=3, kept_ids=[0, 1, 2, 4, 5], scale=0.5)
-    sampling = SamplingConfig(1.0)
-    seqs, stats = _tree_samples(target, head, Tree(6, 3, 2), sampling, None, seed=5)
-    assert stats.accepted.sum() > 0
-    assert not np.asarray(stats.nonfinite).any()  # the kept vocabulary's -inf is no NaN
-    assert_follows_target(target, seqs, sampling, None)
-
-
 def test_static_shapes_grow_where_the_walk_goes():
     assert static_shape(8, 6, 2) == (0, 1, 2, 3, 0, 4, 1, 5)
     assert static_shape(3, 1, 4) == (0, 0, 0)  # depth 1: a star
@@ -335,50 +298,11 @@ def test_recursive_rejection_tests_the_walked_nodes_children_only():
     assert sizes[0] == sizes[1]
 
 
-@pytest.mark.slow
-def test_ngram_tree_samples_follow_the_target(target):
-    sampling = SamplingConfig(1.0, top_k=4)
-    seqs, stats = _tree_samples(target, NGram(2, 1), Tree(6, 3), sampling, None, seed=11)
-    assert stats.accepted.sum() > 0
-    assert_follows_target(target, seqs, sampling, None)
-
-
-def shared_noise_walk(logits, draws, proposal, sampling, depth):
-    """A wrong rule: every node's token drawn with the root's noise (a child accepted
-    without noise of its own)."""
-    same = jnp.broadcast_to(draws[:, :1, 0], draws.shape[:2])
-    return walk(proposal, target_tokens(logits, same, sampling), depth)
-
-
-@pytest.mark.slow
-def test_wrong_tree_rule_fails_the_same_test(target):
-    drafter, tree = fixed("path3")
-    sampling = SamplingConfig(1.0)
-    seqs, _ = _tree_samples(
-        target, drafter, tree, sampling, None, seed=0, _rule=shared_noise_walk
-    )
-    assert wrong_rule_pvalue(target, seqs, sampling, None) < 1e-6
-
-
-# ---------------------------------------------------------------- invariance, slots, HLO
-
-
-def test_a_row_gets_its_tokens_alone_in_a_batch_and_in_slots(target):
-    prompts = ragged_prompts(6, VOCAB, seed=6, max_len=10)
-    keys = jax.random.split(jax.random.key(3), 6)
-    gen = Generator(target, NGram(), schedule=3, tree=6, sampling=SamplingConfig(0.9))
-    whole = gen(prompts, key=keys, max_new_tokens=[12, 5, 12, 9, 12, 3])
-    slots = gen(prompts, key=keys, max_new_tokens=[12, 5, 12, 9, 12, 3], num_slots=2)
-    np.testing.assert_array_equal(np.asarray(slots.tokens), np.asarray(whole.tokens))
-    for row in (1, 4):
-        alone = gen([prompts[row]], key=keys[row : row + 1], max_new_tokens=12)
-        n = int(whole.lengths[row])
-        assert (
-            np.asarray(alone.tokens[0, :n]).tolist() == np.asarray(whole.tokens[row, :n]).tolist()
-        )
+# ---------------------------------------------------------------- HLO
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "head", "sampled head"])
+@pytest.mark.slow
 def test_tree_round_copies_no_cache(target, drafter):
     """No cache is copied inside the loop: the target's, nor a head's (same shape here)."""
     draft = NGram() if drafter == "ngram" else make_head(target, seed=3)
@@ -471,6 +395,7 @@ def _reference_tree(target, head, seq, tree):
     return cands
 
 
+@pytest.mark.slow
 def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
     head = make_head(target, seed=3, scale=0.5)
     tree = Tree(6, 3, branch=2)
@@ -501,6 +426,7 @@ def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
     assert np.asarray(got.valid).all() and max(np.asarray(got.parent)[0]) > 1
 
 
+@pytest.mark.slow
 def test_a_head_tree_of_branch_one_is_the_chain(target):
     head = make_head(target, seed=3, scale=0.5)
     prompts = ragged_prompts(8, VOCAB, seed=8, max_len=10)
@@ -515,17 +441,6 @@ def test_a_head_tree_of_branch_one_is_the_chain(target):
         a, b = getattr(tree.stats, field), getattr(chain.stats, field)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(chain.stats.accepted.sum()) > 5
-
-
-def test_greedy_head_trees_emit_the_autoregressive_tokens(target):
-    head = make_head(target, seed=3, scale=0.5)
-    prompts = ragged_prompts(8, VOCAB, seed=9, max_len=10)
-    kwargs = dict(key=jax.random.key(0), max_new_tokens=16, eos_token_id=2)
-    ar = Generator(target, eos_token_id=2)(prompts, key=kwargs["key"], max_new_tokens=16)
-    kwargs.pop("eos_token_id")
-    out = Generator(target, head, schedule=3, tree=Tree(8, 3, 3), eos_token_id=2)(prompts, **kwargs)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
 
 
 def test_a_tree_larger_than_the_head_builds_is_refused(target):
