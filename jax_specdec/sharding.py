@@ -5,8 +5,12 @@ rows and heads. XLA's SPMD partitioner does the rest; it is still one program.
 The layout (Megatron style) for a mesh with axes (data, model):
 - q/k/v and MLP gate/up kernels [in, out]: columns split over `model` (whole heads);
   their biases likewise. Attention output and MLP down kernels: rows split over
-  `model`. Embedding, norms (Qwen3's per-head q/k norms [head_dim] too, the same
-  for every head) and the untied head: replicated.
+  `model`. The embedding [V, D] and the untied head [D, V] split over the vocabulary
+  (each logit is still computed whole on one device) where `model` divides it. Norms
+  (Qwen3's per-head q/k norms [head_dim] too, the same for every head): replicated.
+- A `model` axis wider than a model's key/value heads: each KV head is repeated over
+  the devices whose query heads read it (`kv_repeats`; the model then has as many KV
+  heads as the axis has devices, the same attention exactly).
 - prompts, lengths, per-row keys: rows split over `data`.
 - KV caches [B, K, S, hd]: rows over `data`, key/value heads over `model`.
 
@@ -24,9 +28,12 @@ from jax.sharding import PartitionSpec as P
 __all__ = [
     "cache_spec",
     "check_mesh",
+    "kv_repeats",
     "param_sharding",
     "param_spec",
     "place_rows",
+    "repeat_kv_heads",
+    "sharding_of",
     "shard_state",
 ]
 
@@ -71,12 +78,60 @@ def check_mesh(mesh, configs, batch: int | None = None) -> Mesh:
     return mesh
 
 
-def param_spec(path: tuple) -> P:
-    """The PartitionSpec of one parameter, from its path in `nnx.state(model)`."""
+def kv_repeats(config, model: int) -> int:
+    """How many times each key/value head is repeated on a `model` axis of this size: 1
+    when the axis divides the KV heads (or cannot be fitted: `check_mesh` refuses it),
+    else model / num_kv_heads, when that is whole and the axis divides the query heads."""
+    k = config.num_kv_heads
+    if k % model == 0 or model % k or config.num_heads % model:
+        return 1
+    return model // k
+
+
+def repeat_kv_heads(model, repeats: int):
+    """`model` (a Transformer) with each key/value head repeated `repeats` times in a row:
+    as many KV heads as a mesh's model axis has devices. Every query head reads the same
+    keys and values as before, so the logits are the same; the KV cache grows by the
+    factor overall, and holds one head per device."""
+    from flax import nnx
+
+    if repeats == 1:
+        return model
+    config = model.config
+    wider = config.replace(num_kv_heads=config.num_kv_heads * repeats)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: type(model)(wider, rngs=nnx.Rngs(0))))
+    values = dict(nnx.to_flat_state(nnx.state(model)))
+    for path, leaf in nnx.to_flat_state(state):
+        value = values[path].get_value()
+        if len(path) >= 2 and path[-2] in ("k", "v"):  # [.., K * hd] columns, or a bias
+            value = repeat_heads(value, config.head_dim, repeats)
+        leaf.set_value(value)
+    return nnx.merge(graphdef, state)
+
+
+def repeat_heads(value, head_dim: int, repeats: int):
+    """Columns (the last axis) [.., K * head_dim] -> [.., K * repeats * head_dim], each
+    head's block repeated in place."""
+    lead, k = value.shape[:-1], value.shape[-1] // head_dim
+    heads = value.reshape(*lead, k, 1, head_dim)
+    return jax.numpy.broadcast_to(heads, (*lead, k, repeats, head_dim)).reshape(
+        *lead, k * repeats * head_dim
+    )
+
+
+def param_spec(path: tuple, shape: tuple | None = None, model: int = 1) -> P:
+    """The PartitionSpec of one parameter, from its path in `nnx.state(model)`; the
+    embedding and the untied head are split over the vocabulary when their `shape` is
+    given and the `model` axis size divides it."""
     names = [str(p) for p in path]
     if names and names[-1] == "value":  # an nnx.Variable's own pytree key
         names = names[:-1]
     leaf, parent = names[-1], names[-2] if len(names) > 1 else ""
+    if leaf in ("embed", "lm_head") and len(names) == 1 and shape is not None:
+        vocab_axis = 0 if leaf == "embed" else 1
+        if model > 1 and len(shape) == 2 and shape[vocab_axis] % model == 0:
+            return P(MODEL, None) if leaf == "embed" else P(None, MODEL)
+        return P()
     if parent in _COLUMNS:
         return P(None, MODEL) if leaf == "kernel" else P(MODEL)
     if parent in _ROWS and leaf == "kernel":
@@ -94,17 +149,22 @@ def _global(x, sharding):
 
 
 def shard_state(state, mesh: Mesh):
-    """An `nnx.state` with every parameter placed by `param_spec` on `mesh`."""
+    """An `nnx.state` with every parameter placed by `param_spec` on `mesh` (a parameter
+    already so placed is kept, not copied)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: _global(x, NamedSharding(mesh, param_spec(tuple(map(_key, path))))),
-        state,
+        lambda path, x: _global(x, sharding_of(mesh, path, np.shape(x))), state
     )
+
+
+def sharding_of(mesh: Mesh, path: tuple, shape: tuple) -> NamedSharding:
+    """The NamedSharding of the parameter at `path` (a pytree or flat-state path)."""
+    return NamedSharding(mesh, param_spec(tuple(map(_key, path)), shape, mesh.shape[MODEL]))
 
 
 def param_sharding(mesh: Mesh):
     """For `checkpoint.restore_checkpoint(sharding=...)`: restore straight into this
     layout with orbax (each process reads only its shards)."""
-    return lambda path, _: NamedSharding(mesh, param_spec(tuple(map(_key, path))))
+    return lambda path, leaf: sharding_of(mesh, path, leaf.shape)
 
 
 def _key(entry):

@@ -76,7 +76,8 @@ def test_meshes_give_the_one_device_tokens_and_split_the_weights(sharded):
     assert "data axis (8) does not divide the batch (6)" in errors["batch"]
     assert "data axis (4) does not divide num_slots (6)" in errors["slots"]
     assert "model axis (8) does not divide the target model's num_heads" in errors["heads"]
-    assert "model axis (4) does not divide the draft model's num_kv_heads (2)" in errors["kv"]
+    # A model axis wider than the draft's 2 KV heads repeats them (tokens: test_mesh_load).
+    assert errors["kv"] is None
 
 
 @pytest.mark.slow

@@ -91,8 +91,10 @@ def load_worker(settings: BatchSettings, eos: int | None):
     from jax_specdec.io.draft import load_pair
     from jax_specdec.settings import parse_mesh
 
-    loaded = load_pair(settings.decode.target, settings.draft, dtype=settings.decode.dtype)
     mesh = parse_mesh(settings.decode.mesh)
+    loaded = load_pair(
+        settings.decode.target, settings.draft, dtype=settings.decode.dtype, mesh=mesh
+    )
     generate = settings.make_generate(loaded.target, loaded.draft, eos, mesh)
     return generate, loaded.tokenizer.decode
 

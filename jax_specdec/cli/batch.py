@@ -114,8 +114,9 @@ class _Job(NamedTuple):
     errors: list[dict]
 
 
-def _load(settings) -> _Job:
-    """The models and the input of the job's `BatchSettings`, checked."""
+def _load(settings, mesh) -> _Job:
+    """The models (straight onto `mesh`, if given) and the input of the job's
+    `BatchSettings`, checked."""
     from jax_specdec.batch import read_rows
     from jax_specdec.io.chat import load_chat_template
 
@@ -126,6 +127,7 @@ def _load(settings) -> _Job:
         settings.draft,
         weights=settings.ray is None,
         dtype=settings.decode.dtype,
+        mesh=mesh,
     )
     eos = settings.decode.eos_token_id(loaded)
     max_len = context(loaded.target, loaded.draft if settings.speculative else None)
@@ -224,8 +226,8 @@ def _run(args, parser, interrupt) -> int:
             from jax_specdec.batch.multihost import join
 
             join(settings)
-        job = _load(settings)
         mesh = parse_mesh(settings.decode.mesh)
+        job = _load(settings, mesh)
     except (JobError, ValueError, OSError) as e:
         common.fail(parser, e)
     lead = settings.distributed is None or _process_index() == 0  # writes files and summary

@@ -87,7 +87,7 @@ def _encode(chat: bool, loaded, prompts: list[str]) -> list[list[int]]:
     return [encode_chat(loaded.tokenizer, template, user(p)) for p in prompts]
 
 
-def _generate(settings: DecodeSettings, args, loaded, ids) -> dict:
+def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     """Runs (and with --compare, times) the speculative and autoregressive programs."""
     import time
 
@@ -96,9 +96,6 @@ def _generate(settings: DecodeSettings, args, loaded, ids) -> dict:
     from jax_specdec.bench import measure
     from jax_specdec.decode import Generator
     from jax_specdec.decode.request import seed_key_data
-    from jax_specdec.settings import parse_mesh
-
-    mesh = parse_mesh(settings.mesh)
     shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded), mesh=mesh)
     spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
     key = jax.random.wrap_key_data(seed_key_data(settings.seed))  # jax.random.key below 2**32
@@ -181,14 +178,17 @@ def _print(args, prompts, texts, tokens, summary) -> None:
 def run(args, parser) -> int:
     import numpy as np
 
+    from jax_specdec.settings import parse_mesh
+
     try:
         settings = DecodeSettings.from_args(args, draft=args.draft)
         prompts = _prompts(args)
-        loaded = load_pair(settings.target, settings.draft, dtype=settings.dtype)
+        mesh = parse_mesh(settings.mesh)
+        loaded = load_pair(settings.target, settings.draft, dtype=settings.dtype, mesh=mesh)
         settings.check_context(context(loaded.target, loaded.draft))
         tokenizer = loaded.tokenizer
         ids = _encode(args.chat, loaded, prompts)
-        result = _generate(settings, args, loaded, ids)
+        result = _generate(settings, args, loaded, ids, mesh)
         _check_finite(args, result)
     except (ValueError, OSError) as e:
         common.fail(parser, e)

@@ -30,7 +30,7 @@ from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Confidence, Constant, as_schedule
-from jax_specdec.sharding import check_mesh, place_rows, shard_state
+from jax_specdec.sharding import check_mesh, kv_repeats, place_rows, repeat_kv_heads, shard_state
 
 __all__ = ["Generator"]
 
@@ -139,6 +139,8 @@ class Generator:
         models = [("target", self.target)]
         if self.draft_model is not None:
             models.append(("draft", self.draft_model))
+        if mesh is not None:  # a model axis wider than a model's KV heads repeats them
+            models = [(n, _fit_kv_heads(m, mesh)) for n, m in models]
         self._models = models
         self.mesh = None if mesh is None else check_mesh(mesh, [(n, m.config) for n, m in models])
         self._defs, self._states = [], []
@@ -335,3 +337,11 @@ def _checked(out: GenerationOutput) -> GenerationOutput:
             stacklevel=3,
         )
     return out
+
+
+def _fit_kv_heads(model, mesh):
+    """A Transformer with its KV heads repeated to the mesh's model axis where that is
+    wider (`sharding.kv_repeats`); any other model as it is."""
+    if not isinstance(model, Transformer) or "model" not in getattr(mesh, "shape", {}):
+        return model
+    return repeat_kv_heads(model, kv_repeats(model.config, mesh.shape["model"]))

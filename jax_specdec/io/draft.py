@@ -28,7 +28,13 @@ def is_head(path: pathlib.Path) -> bool:
 
 
 def load_draft(
-    draft: str | os.PathLike, target, tokenizer=None, *, weights: bool = True, dtype=None
+    draft: str | os.PathLike,
+    target,
+    tokenizer=None,
+    *,
+    weights: bool = True,
+    dtype=None,
+    mesh=None,
 ):
     """The draft `draft` names, for `target`.
 
@@ -41,6 +47,8 @@ def load_draft(
       weights: False reads no draft model tensor (the model comes back abstract, as
         `io.hf.load_model(..., weights=False)`); heads, which are small, are read whole.
       dtype: a draft model's dtype (`io.hf.load_model`); heads keep their own.
+      mesh: a draft model is loaded straight onto it (`io.hf.load_model`); a head, which
+        is small, is placed by `Generator`.
 
     Returns:
       `NGram()`, a `FeatureHead`, an `Eagle3Head` or a `Transformer`; `Generator` (through
@@ -63,7 +71,7 @@ def load_draft(
         if load_tokenizer(path).to_str() != tokenizer.to_str():
             where = path if path.is_file() else path / "tokenizer.json"
             raise ValueError(f"the draft's tokenizer ({where}) differs from the target's")
-    return load_model(path, weights=weights, dtype=dtype)
+    return load_model(path, weights=weights, dtype=dtype, mesh=mesh)
 
 
 def _has_tokenizer(path: pathlib.Path) -> bool:
@@ -81,12 +89,15 @@ class Loaded(NamedTuple):
     target_dir: pathlib.Path
 
 
-def load_pair(target: str, draft: str, weights: bool = True, dtype=None) -> Loaded:
+def load_pair(
+    target: str, draft: str, weights: bool = True, dtype=None, mesh=None
+) -> Loaded:
     """Loads --target and --draft (`io.draft.load_draft`: a model, a feature or EAGLE-3
     head's directory, or "ngram"), the draft checked against the target and its
     tokenizer. `weights=False` checks the same but reads no model tensor
     (`io.hf.load_model`): the models come back abstract (heads are read whole). `dtype`:
-    the models' ("float32", "bfloat16"; None: each checkpoint's own)."""
+    the models' ("float32", "bfloat16"; None: each checkpoint's own). `mesh`: the models
+    are loaded straight onto it (`io.onto_mesh`)."""
     from jax_specdec.io.hf import load_model, load_tokenizer
 
     target_dir = locate(target, "target")
@@ -94,8 +105,8 @@ def load_pair(target: str, draft: str, weights: bool = True, dtype=None) -> Load
         tokenizer = load_tokenizer(target_dir)
     except FileNotFoundError:
         raise ValueError(f"--target: {target_dir} has no tokenizer.json") from None
-    model = load_model(target_dir, weights=weights, dtype=dtype)
-    draft_model = load_draft(draft, model, tokenizer, weights=weights, dtype=dtype)
+    model = load_model(target_dir, weights=weights, dtype=dtype, mesh=mesh)
+    draft_model = load_draft(draft, model, tokenizer, weights=weights, dtype=dtype, mesh=mesh)
     return Loaded(model, draft_model, tokenizer, target_dir)
 
 

@@ -183,7 +183,7 @@ def hf_tensors(path: Path_):
     return config, arch, read()
 
 
-def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transformer:
+def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True, mesh=None) -> Transformer:
     """Load a `.gguf` file as a `Transformer`, every tensor dequantized into `dtype`.
 
     Args:
@@ -191,6 +191,8 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transfo
         dtype: "float32" (default) or "bfloat16".
         weights: False checks the file but reads no tensor (an abstract model, as
             `io.hf.load_model(weights=False)`).
+        mesh: a `Mesh` to load onto: each tensor, dequantized whole on the host one at a
+            time, is placed by slices (`io.onto_mesh.place_parts`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -203,7 +205,12 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True) -> Transfo
     if not weights:
         return build_model(config, None)
     converts = {name: convert for name, _, convert in hf_entries(config, arch)}
-    return build_model(config, (converts[name](w) for name, w in tensors))
+    parts = (converts[name](w) for name, w in tensors)
+    if mesh is not None:
+        from jax_specdec.io.onto_mesh import place_parts
+
+        return place_parts(config, parts, mesh, str(path))
+    return build_model(config, parts)
 
 
 def convert_gguf(path: Path_, out_dir: Path_, *, overwrite: bool = False) -> Path:

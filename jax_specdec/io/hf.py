@@ -57,7 +57,7 @@ Path_ = str | os.PathLike
 
 
 def load_model(
-    path: Path_, *, dtype: str | jnp.dtype | None = None, weights: bool = True
+    path: Path_, *, dtype: str | jnp.dtype | None = None, weights: bool = True, mesh=None
 ) -> Transformer:
     """Load a Hugging Face model directory (safetensors weights) as a `Transformer`.
 
@@ -70,6 +70,10 @@ def load_model(
         weights: False checks the files as for a load (config, tensor names and shapes)
             but reads no tensor: for a process that needs only the model's config and
             shapes, such as a Ray job's driver.
+        mesh: a `jax.sharding.Mesh` (axes "data", "model") to load onto: every
+            parameter created with its final sharding, each device's slice read from the
+            file by slice (`io.onto_mesh`); KV heads repeated where the model axis is
+            wider than them. None: the default device.
 
     Returns:
         The model, with every parameter read from the checkpoint (`weights=False`: every
@@ -83,7 +87,7 @@ def load_model(
     if is_gguf(path):
         from jax_specdec.io.gguf import load_gguf_model
 
-        return load_gguf_model(path, dtype=dtype, weights=weights)
+        return load_gguf_model(path, dtype=dtype, weights=weights, mesh=mesh)
     directory = _directory(path)
     if dtype is not None:
         dtype_name(dtype)  # refused before the config is read, in words of its own
@@ -97,6 +101,11 @@ def load_model(
     entries = hf_entries(config, arch)
     _check_tensors(directory, found, entries, config)
 
+    if mesh is not None and weights:
+        from jax_specdec.io.onto_mesh import load_onto_mesh
+
+        return load_onto_mesh(config, entries, _slice_reader(found), mesh, str(directory))
+
     def read():
         for name, _, convert in entries:
             file, _, stored = found[name]
@@ -107,6 +116,18 @@ def load_model(
             yield convert(raw)
 
     return build_model(config, read() if weights else None)
+
+
+def _slice_reader(found):
+    """read(name, index): a slice (None: all) of a canonical tensor, through a handle
+    held for that read only (mapped pages count as resident until unmapped)."""
+
+    def read(name, index):
+        file, _, stored = found[name]
+        with open_safetensors(file) as handle:
+            return handle.get(stored) if index is None else handle.get_slice(stored, index)
+
+    return read
 
 
 def _tensor_headers(files: list[Path], arch: str) -> dict[str, tuple[Path, tuple, str]]:

@@ -4,6 +4,7 @@ model built from such parts."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
 import jax
@@ -13,7 +14,7 @@ from flax import nnx
 
 from jax_specdec.nn import Transformer, TransformerConfig
 
-__all__ = ["Entry", "build_model", "hf_entries"]
+__all__ = ["Direct", "Entry", "build_model", "hf_entries"]
 
 # One HF tensor -> our parameters: (hf name, hf shape, convert(array) -> {our path: array}).
 Entry = tuple[str, tuple[int, ...], Callable[[np.ndarray], dict[tuple, np.ndarray]]]
@@ -26,11 +27,23 @@ def hf_entries(config: TransformerConfig, arch: str) -> list[Entry]:
     return llama_entries(config)
 
 
+@dataclasses.dataclass(frozen=True)
+class Direct:
+    """The convert of a tensor that is one parameter (transposed: HF's [out, in] for our
+    [in, out] kernel); a loader onto a mesh reads such a tensor by slices."""
+
+    path: tuple
+    transpose: bool = False
+
+    def __call__(self, array: np.ndarray) -> dict[tuple, np.ndarray]:
+        return {self.path: array.T if self.transpose else array}
+
+
 class Entries(list):
     """A list of `Entry`, with `add` for the tensors that map onto one parameter."""
 
     def add(self, name, shape, path, transpose=False):
-        self.append((name, shape, lambda a, p=path, t=transpose: {p: a.T if t else a}))
+        self.append((name, shape, Direct(path, transpose)))
 
 
 def _gpt2_entries(c: TransformerConfig) -> list[Entry]:

@@ -63,6 +63,13 @@ class SafetensorsFile:
         except Exception as e:
             raise WeightsError(f"{self.path}: tensor {name} is unreadable ({brief(e)})") from e
 
+    def get_slice(self, name: str, index: tuple) -> np.ndarray:
+        """Tensor `name` at `index` (a tuple of slices), reading only those bytes."""
+        try:
+            return self._handle.get_slice(name)[index]
+        except Exception as e:
+            raise WeightsError(f"{self.path}: tensor {name} is unreadable ({brief(e)})") from e
+
     def get(self, name: str) -> np.ndarray:
         try:
             return self._handle.get_tensor(name)
