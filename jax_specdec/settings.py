@@ -37,9 +37,10 @@ class DecodeSettings:
       eos: "auto", "none" or a token id, as given (`eos_token_id` resolves it).
       seed: the job's or the call's seed.
       mesh: "DATAxMODEL" or None (`parse_mesh`).
-      dtype: the models' parameters and activations, "float32" or "bfloat16"; None: each
-        checkpoint's own (bfloat16 ones stay bfloat16, others load as float32). Sampling,
-        acceptance and residuals are float32 whatever it is.
+      dtype: the models' parameters and activations, "float32" or "bfloat16"; None:
+        bfloat16 on an accelerator, on the CPU each checkpoint's own (bfloat16 ones stay
+        bfloat16, others load as float32). Sampling, acceptance and residuals are float32
+        whatever it is.
     """
 
     target: str

@@ -92,9 +92,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=("auto", "float32", "bfloat16"),
         default="auto",
-        help="the models' parameters and activations; auto: each checkpoint's own "
-        "(bfloat16 stays bfloat16, the rest float32). Sampling and acceptance are float32 "
-        "always (default: %(default)s)",
+        help="the models' parameters and activations; auto: bfloat16 on a GPU or TPU, on "
+        "the CPU each checkpoint's own (bfloat16 stays bfloat16, the rest float32). "
+        "Sampling and acceptance are float32 always (default: %(default)s)",
     )
     parser.add_argument(
         "--mesh",

@@ -96,7 +96,7 @@ def load_pair(
     head's directory, or "ngram"), the draft checked against the target and its
     tokenizer. `weights=False` checks the same but reads no model tensor
     (`io.hf.load_model`): the models come back abstract (heads are read whole). `dtype`:
-    the models' ("float32", "bfloat16"; None: each checkpoint's own). `mesh`: the models
+    the models' ("float32", "bfloat16"; None: `io.hf_config.default_dtype`). `mesh`: the models
     are loaded straight onto it (`io.onto_mesh`)."""
     from jax_specdec.io.hf import load_model, load_tokenizer
 

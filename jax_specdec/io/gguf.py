@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_specdec.io.gguf_file import GGUFError, brief, field, open_gguf
-from jax_specdec.io.hf_config import config_to_hf, dtype_name
+from jax_specdec.io.hf_config import config_to_hf, default_dtype, dtype_name
 from jax_specdec.io.layout import build_model, hf_entries
 from jax_specdec.nn import Transformer, TransformerConfig
 
@@ -121,8 +121,8 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             mlp_bias="blk.0.ffn_up.bias" in names,
             qk_norm=arch == "qwen3",
             tie_embeddings="output.weight" not in names,
-            dtype=dtype_name(dtype or "float32"),
-            param_dtype=dtype_name(dtype or "float32"),
+            dtype=dtype_name(dtype or default_dtype()),
+            param_dtype=dtype_name(dtype or default_dtype()),
         )
     except (TypeError, ValueError) as e:
         raise GGUFError(f"{file}: metadata does not describe a valid model ({brief(e)})") from e
@@ -188,7 +188,8 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True, mesh=None)
 
     Args:
         path: the GGUF file.
-        dtype: "float32" (default) or "bfloat16".
+        dtype: "float32" or "bfloat16"; None: bfloat16 on an accelerator, float32 on the
+            CPU (`io.hf_config.default_dtype`).
         weights: False checks the file but reads no tensor (an abstract model, as
             `io.hf.load_model(weights=False)`).
         mesh: a `Mesh` to load onto: each tensor, dequantized whole on the host one at a
@@ -200,7 +201,7 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True, mesh=None)
             tensor type or rope scaling, missing/unexpected tensors or wrong shapes.
     """
     config, arch, tensors = hf_tensors(path)
-    config = config.replace(dtype=dtype_name(dtype or "float32"))
+    config = config.replace(dtype=dtype_name(dtype or default_dtype()))
     config = config.replace(param_dtype=config.dtype)
     if not weights:
         return build_model(config, None)

@@ -47,13 +47,12 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Transform
 
     Args:
         hf: the parsed config.json.
-        dtype: "float32" or "bfloat16" for parameters and activations; None picks
-            bfloat16 when the checkpoint says so, float32 otherwise.
+        dtype: "float32" or "bfloat16" for parameters and activations; None:
+            `default_dtype` of the checkpoint's stored dtype.
     """
     arch = architecture(hf)
     if dtype is None:
-        stored = hf.get("dtype") or hf.get("torch_dtype")
-        dtype = "bfloat16" if stored == "bfloat16" else "float32"
+        dtype = default_dtype(hf.get("dtype") or hf.get("torch_dtype"))
     dtype = dtype_name(dtype)
     if arch == "GPT2LMHeadModel":
         return _gpt2_from_hf(hf, dtype)
@@ -306,6 +305,18 @@ def architecture(hf: dict[str, Any]) -> str:
         f"unsupported architectures {archs!r} in config.json; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def default_dtype(stored: str | None = None) -> str:
+    """The dtype a model loads in when none is asked for: bfloat16 on an accelerator
+    (GPU, TPU); on the CPU, bfloat16 for a checkpoint stored in it, else float32. The
+    logits, the acceptance rule and the sampling transforms compute in float32 whatever
+    the model's dtype."""
+    import jax
+
+    if jax.default_backend() != "cpu" or stored == "bfloat16":
+        return "bfloat16"
+    return "float32"
 
 
 def dtype_name(dtype) -> str:
