@@ -22,7 +22,11 @@ Measures, in bfloat16 (random weights; timings do not depend on their values):
    cuDNN) at the longest context, at batch 8 (`--kernel-batches`);
 4. the per-row sampling transforms (`RowSampling.probs`) on a verify call's logits
    [16, 5, vocab]: temperature only, and a mix of greedy, temperature, top-p and top-k
-   rows, against one setting for all rows (`probs_from_logits`).
+   rows, against one setting for all rows (`probs_from_logits`);
+5. only when named (`--sections load_8b`, about 4 minutes on one H100): an 8B-shaped
+   checkpoint written on the machine, loaded onto the mesh by the sharded loader, its
+   step and 5-, 17- and 65-token verify calls against the weight-read floor
+   (scripts/device_bench_8b.py).
 
 Writes device_bench.json and device_bench.md into the folder named on the command line.
 Sections run in order, each within its share of `--budget-s`; cases left when a share is
@@ -48,6 +52,10 @@ from jax_specdec import NGram, SamplingConfig, autoregressive_generate, speculat
 from jax_specdec.bench import bare_matmul_time, decode_step_time, time_call, time_interleaved
 from jax_specdec.nn import Transformer, TransformerConfig, attention
 from jax_specdec.sampling import RowSampling, probs_from_logits
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_bench_8b import load_8b  # noqa: E402
+from device_bench_8b import markdown as markdown_8b  # noqa: E402
 
 FULL = dict(
     # the most telling first, in case the budget runs out; 9-65: tree rounds of 8-64 nodes
@@ -320,6 +328,7 @@ def markdown(result: dict) -> str:
         ratio = "" if r["vs_one_setting"] is None else f"{r['vs_one_setting']:.2f}"
         lines.append(f"| {r['transform']} | [{r['rows']}, {r['tokens']}, {r['vocab']}] | "
                      f"{r['ms']:.3f} | {ratio} |")  # fmt: skip
+    lines += markdown_8b(result.get("load_8b", {}))
     if result["skipped"]:
         lines += ["", "Skipped (budget spent): " + "; ".join(result["skipped"])]
     lines += ["", f"Wall time {result['wall_s']:.0f} s."]
@@ -327,6 +336,8 @@ def markdown(result: dict) -> str:
 
 
 SHARES = {"steps": 0.4, "smollm": 0.2, "target_1b": 0.3, "kernels": 0.07, "sampling": 0.03}
+# Not run unless named (--sections load_8b): it writes and reads 16 GB (device_bench_8b.py).
+OPTIONAL = {"load_8b": 0.4}
 
 
 def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float,
@@ -334,7 +345,7 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
     """The chosen `sections` (of SHARES) with the plan's entries replaced by `overrides`."""
     plan = {**(QUICK if quick else FULL), **(overrides or {})}
     start = time.perf_counter()
-    budget = Budget(budget_s, {name: SHARES[name] for name in sections})
+    budget = Budget(budget_s, {name: {**SHARES, **OPTIONAL}[name] for name in sections})
     configs = model_configs(quick, dtype)
     smollm = sharpened(configs["smollm"], 0, sharpness)
     result = dict(device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
@@ -364,6 +375,9 @@ def run(out_dir: str, quick: bool, dtype: str, budget_s: float, sharpness: float
         _written(out_dir, result, budget, marks, start)
     if "sampling" in sections:
         result["sampling"] = sampling_transforms(smollm.config.vocab_size, plan, budget)
+        _written(out_dir, result, budget, marks, start)
+    if "load_8b" in sections:
+        result["load_8b"] = load_8b(quick, lambda label: budget.allows("load_8b", label))
         _written(out_dir, result, budget, marks, start)
     return result
 
@@ -397,7 +411,9 @@ def main(argv=None):
     p.add_argument("--sharpness", type=float, default=1.0,
                    help="logit of the repeated token / ln(vocab) in the random models")  # fmt: skip
     p.add_argument("--sections", default=",".join(SHARES),
-                   help="comma-separated subset of: " + ", ".join(SHARES))  # fmt: skip
+                   help="comma-separated subset of: " + ", ".join({**SHARES, **OPTIONAL})
+                   + " (load_8b only when named: an 8B checkpoint written, loaded onto the "
+                   "mesh and timed, about 4 minutes on one H100)")  # fmt: skip
     p.add_argument("--tokens", type=_ints, help="tokens per row of the step table, e.g. 1,5,9")
     p.add_argument("--batches", type=_ints, help="batch sizes of the step table, e.g. 1,8")
     p.add_argument("--kernel-batches", type=_ints, help="batch sizes of the kernel table")
@@ -405,10 +421,11 @@ def main(argv=None):
                    help="allocated caches of the step table (context 192), e.g. 256")  # fmt: skip
     args = p.parse_args(argv)
     sections = tuple(args.sections.split(","))
-    unknown = set(sections) - set(SHARES)
+    known = {**SHARES, **OPTIONAL}
+    unknown = set(sections) - set(known)
     if unknown:
-        p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SHARES)}")
-    sections = tuple(name for name in SHARES if name in sections)  # the order they run in
+        p.error(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(known)}")
+    sections = tuple(name for name in known if name in sections)  # the order they run in
     names = ("tokens", "batches", "kernel_batches")
     overrides = {k: getattr(args, k) for k in names if getattr(args, k)}
     if args.cache_lens:

@@ -59,3 +59,17 @@ def test_unknown_section_is_refused(capsys):
     else:
         raise AssertionError("--sections bogus was accepted")
     assert "--sections: unknown ['bogus']" in capsys.readouterr().err
+
+
+def test_quick_load_8b_section_loads_onto_the_mesh_and_times_the_verify_calls(tmp_path):
+    """--sections load_8b at --quick's tiny shape: a checkpoint written, loaded through the
+    sharded loader, and its step and 5-token verify timed against the weight-read floor."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "device_bench.py"), str(out), "--quick"]
+    cmd += ["--sections", "load_8b", "--budget-s", "600"]
+    subprocess.run(cmd, check=True, timeout=600, capture_output=True)
+    section = json.loads((out / "device_bench.json").read_text())["load_8b"]
+    assert section["bytes"] > 0 and section["load_s"] > 0
+    assert [(r["batch"], r["tokens"]) for r in section["rows"]] == [(1, 1), (1, 5)]
+    assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in section["rows"])
+    assert "An 8B target loaded onto the mesh" in (out / "device_bench.md").read_text()

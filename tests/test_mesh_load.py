@@ -9,10 +9,9 @@ import pathlib
 import subprocess
 import sys
 
-import ml_dtypes
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
+
+from jax_specdec.bench.random_checkpoint import LLAMA_1B, write_llama_checkpoint
 
 HERE = pathlib.Path(__file__).parent
 
@@ -72,57 +71,6 @@ def test_every_parameter_placed_and_the_one_device_tokens(tmp_path):
     assert result["q8.gguf (2, 4)"]["kv_heads"] == [2, 4]  # dequantized whole, placed by slices
 
 
-# A 1.1B Llama shape (TinyLlama's), in bfloat16: 2.2 GB in four files.
-BIG = dict(
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    vocab_size=32000,
-)
-
-
-def save_big(directory: pathlib.Path) -> int:
-    """Writes the checkpoint file by file (one file's tensors in memory at a time, all
-    ones: their values do not matter here); returns its size in bytes."""
-    directory.mkdir()
-    c = BIG
-    D, F, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], 22
-    kv = D // c["num_attention_heads"] * c["num_key_value_heads"]
-    layer = {
-        "input_layernorm.weight": (D,),
-        "post_attention_layernorm.weight": (D,),
-        "self_attn.q_proj.weight": (D, D),
-        "self_attn.k_proj.weight": (kv, D),
-        "self_attn.v_proj.weight": (kv, D),
-        "self_attn.o_proj.weight": (D, D),
-        "mlp.gate_proj.weight": (F, D),
-        "mlp.up_proj.weight": (F, D),
-        "mlp.down_proj.weight": (D, F),
-    }
-    files = [{"model.embed_tokens.weight": (V, D)}, {}, {}, {"lm_head.weight": (V, D)}]
-    for i in range(L):
-        files[i * 4 // L].update({f"model.layers.{i}.{k}": s for k, s in layer.items()})
-    files[3]["model.norm.weight"] = (D,)
-    weight_map, size = {}, 0
-    for n, shapes in enumerate(files):
-        name = f"model-{n + 1:05d}-of-00004.safetensors"
-        tensors = {k: np.full(s, 0.01, ml_dtypes.bfloat16) for k, s in shapes.items()}
-        save_file(tensors, directory / name, metadata={"format": "pt"})
-        size += (directory / name).stat().st_size
-        weight_map.update({k: name for k in shapes})
-        del tensors
-    index = {"metadata": {"total_size": size}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-    config = dict(
-        BIG, architectures=["LlamaForCausalLM"], model_type="llama", torch_dtype="bfloat16"
-    )
-    config.update(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
-    (directory / "config.json").write_text(json.dumps(config))
-    return size
-
-
 @pytest.mark.slow
 def test_peak_host_memory_stays_within_1_3x_the_checkpoint(tmp_path):
     """Loading a 2.2 GB bfloat16 checkpoint onto a (1, 8) mesh, the process's memory
@@ -133,7 +81,7 @@ def test_peak_host_memory_stays_within_1_3x_the_checkpoint(tmp_path):
     move between runs, their difference much less). On (2, 4), whose devices hold each
     weight twice (simulated CPU devices hold them in host memory), the peak stays within
     1.3x what the devices hold."""
-    size = save_big(tmp_path / "big")
+    size = write_llama_checkpoint(tmp_path / "big", LLAMA_1B)  # a 1.1B Llama's shapes
     assert size > 2e9
     runs = {
         "sliced 1x8": run("memory", tmp_path / "big", "sliced", "1x8"),
