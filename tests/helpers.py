@@ -225,3 +225,25 @@ def cli_refusal(argv, capsys) -> str:
         main(argv)
     assert exit_info.value.code == 2
     return capsys.readouterr().err
+
+
+def hub_cache(root, monkeypatch, repos: dict) -> dict:
+    """A Hugging Face Hub cache under `root` holding each repo id's copy of its source
+    folder (`models--org--name/refs/main`, `snapshots/<commit>/...`, the layout
+    `huggingface_hub` reads), made the cache with the Hub offline; returns the commits."""
+    import hashlib
+    import shutil
+
+    from huggingface_hub import constants
+
+    commits = {}
+    for repo, source in repos.items():
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        base = root / f"models--{repo.replace('/', '--')}"
+        shutil.copytree(source, base / "snapshots" / commit)
+        (base / "refs").mkdir()
+        (base / "refs" / "main").write_text(commit)
+        commits[repo] = commit
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return commits

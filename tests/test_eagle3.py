@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import hub_cache
 from safetensors.numpy import load_file, save_file
 
 from jax_specdec.cli import main
@@ -254,7 +255,9 @@ def write_release(model, directory, draft_vocab: int) -> None:
     (directory / "config.json").write_text(json.dumps(config))
 
 
-def test_release_layout_reads_as_the_speculators_converter_converts_it(verifier, tmp_path):
+def test_release_layout_reads_as_the_speculators_converter_converts_it(
+    verifier, tmp_path, monkeypatch
+):
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
 
     model = reference_model("llama", 64, {"norm_before_residual": True}, seed=3)
@@ -269,6 +272,11 @@ def test_release_layout_reads_as_the_speculators_converter_converts_it(verifier,
     argv = ["convert-head", str(tmp_path / "release"), str(out), "--norm-before-residual"]
     argv += ["--verifier", str(verifier[1]), "--aux-layer-ids", "1,3,5"]
     assert main(argv) == 0
+    # The same release named by a Hub id (from a cache, offline) converts the same.
+    hub_cache(tmp_path / "hub", monkeypatch, {"org/release": tmp_path / "release"})
+    assert main(["convert-head", "org/release", str(tmp_path / "from_hub"), *argv[3:]]) == 0
+    for file in out.iterdir():
+        assert (tmp_path / "from_hub" / file.name).read_bytes() == file.read_bytes(), file.name
     Eagle3Converter().convert(
         tmp_path / "release",
         tmp_path / "theirs",

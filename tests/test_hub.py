@@ -1,15 +1,14 @@
 """Models named by Hugging Face Hub ids (`org/name[@revision]`), resolved through
 `huggingface_hub` from a cache this test builds in the layout it reads
 (`models--org--name/refs/main`, `snapshots/<commit>/...`), with the Hub offline: the
-Python API, `generate`, `batch` and `convert-head`; an id with nothing cached fails in
-one line that says what to do."""
+Python API, `generate` and `batch` (`convert-head`: tests/test_eagle3.py); an id with
+nothing cached fails in one line that says what to do."""
 
-import hashlib
 import json
 import pathlib
-import shutil
 
 import pytest
+from helpers import hub_cache
 
 from jax_specdec import Generator, load_draft
 from jax_specdec.cli import main
@@ -23,19 +22,8 @@ MODELS = pathlib.Path(__file__).resolve().parents[1] / "models"
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """A Hub cache holding org/target and org/draft (the shipped pair), offline."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    commits = {}
-    for repo, source in (("org/target", "stdlib-target"), ("org/draft", "stdlib-draft")):
-        commit = hashlib.sha1(repo.encode()).hexdigest()
-        root = cache / f"models--{repo.replace('/', '--')}"
-        shutil.copytree(MODELS / source, root / "snapshots" / commit)
-        (root / "refs").mkdir()
-        (root / "refs" / "main").write_text(commit)
-        commits[repo] = commit
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    repos = {"org/target": MODELS / "stdlib-target", "org/draft": MODELS / "stdlib-draft"}
+    commits = hub_cache(tmp_path / "hub", monkeypatch, repos)
     monkeypatch.chdir(tmp_path)  # no local directory named org/...
     return commits
 
