@@ -10,7 +10,9 @@ of the *same* transforms, so every sampling path in the library goes through
 3. top-p (nucleus): on the softmax of what top-k kept, keep the smallest set of
    most probable tokens whose mass reaches top_p; every token tied with the
    least probable kept token is kept too;
-4. softmax of the kept logits, renormalised, in float32.
+4. min-p: keep the tokens whose probability is at least min_p times the most probable
+   token's (as `transformers`' MinPLogitsWarper and vLLM, after top-k and top-p);
+5. softmax of the kept logits, renormalised, in float32.
 
 Greedy (temperature 0) is one-hot on the argmax of the raw logits, the lowest
 index winning ties; top-k and top-p do not change an argmax.
@@ -45,14 +47,16 @@ class SamplingConfig:
       temperature: >= 0; 0 means greedy (argmax, lowest index on ties).
       top_k: >= 0; 0 means off.
       top_p: in (0, 1]; 1.0 means off.
+      min_p: in [0, 1); 0.0 means off.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self):
-        t, k, p = self.temperature, self.top_k, self.top_p
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
         if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
         if math.isinf(t):
@@ -61,8 +65,11 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {k!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {p!r}")
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0.0 <= m < 1.0):
+            raise ValueError(f"min_p must be in [0, 1) (0.0 = off), got {m!r}")
         object.__setattr__(self, "temperature", float(t))
         object.__setattr__(self, "top_p", float(p))
+        object.__setattr__(self, "min_p", float(m))
 
     @property
     def greedy(self) -> bool:
@@ -92,6 +99,7 @@ def _one_setting(logits: jax.Array, config: SamplingConfig) -> jax.Array:
         one(config.temperature, jnp.float32),
         one(config.top_k, jnp.int32),
         one(config.top_p, jnp.float32),
+        one(config.min_p, jnp.float32),
     )
     return _transform(logits, rows, SamplingPlan.of([config]))
 
@@ -105,13 +113,13 @@ def _checked_logits(logits) -> jax.Array:
 
 def _transform(logits: jax.Array, rows, plan: SamplingPlan) -> jax.Array:
     """The transforms of the module docstring on float32 logits [..., V] with each row's
-    (temperature, top_k, top_p) broadcastable to [..., 1]; `plan` says statically which
+    (temperature, top_k, top_p, min_p) broadcastable to [..., 1]; `plan` says statically which
     of them any row uses, so a program of greedy rows computes only an argmax."""
     vocab = logits.shape[-1]
     greedy = _argmax_one_hot(logits)
     if plan.greedy:
         return greedy
-    temperature, top_k, top_p = rows
+    temperature, top_k, top_p, min_p = rows
     is_greedy = temperature == 0.0
     scaled = logits / jnp.where(is_greedy, 1.0, temperature)
     largest = min(plan.top_k, vocab)
@@ -124,6 +132,9 @@ def _transform(logits: jax.Array, rows, plan: SamplingPlan) -> jax.Array:
     probs = jax.nn.softmax(scaled, axis=-1)
     if plan.top_p:
         probs = _nucleus(probs, top_p)
+    if plan.min_p:
+        kept = jnp.where(probs >= min_p * jnp.max(probs, axis=-1, keepdims=True), probs, 0.0)
+        probs = jnp.where(min_p > 0.0, kept / jnp.sum(kept, axis=-1, keepdims=True), probs)
     if plan.any_greedy:
         probs = jnp.where(is_greedy, greedy, probs)
     return probs
@@ -174,12 +185,14 @@ class SamplingPlan:
       any_greedy: some row is greedy.
       top_k: the largest top-k of any row (0: no row uses top-k).
       top_p: some row uses top-p.
+      min_p: some row uses min-p.
     """
 
     greedy: bool
     any_greedy: bool
     top_k: int
     top_p: bool
+    min_p: bool = False
 
     @classmethod
     def of(cls, settings) -> SamplingPlan:
@@ -189,6 +202,7 @@ class SamplingPlan:
             any_greedy=any(s.greedy for s in settings),
             top_k=max(0 if s.greedy else s.top_k for s in settings),
             top_p=any(not s.greedy and s.top_p < 1.0 for s in settings),
+            min_p=any(not s.greedy and s.min_p > 0.0 for s in settings),
         )
 
     def covers(self, other: SamplingPlan) -> bool:
@@ -199,6 +213,7 @@ class SamplingPlan:
             (self.any_greedy or not other.any_greedy)
             and self.top_k >= other.top_k
             and (self.top_p or not other.top_p)
+            and (self.min_p or not other.min_p)
         )
 
 
@@ -214,12 +229,14 @@ class RowSampling:
       temperature: [B] float32, 0 for a greedy row.
       top_k: [B] int32, 0 off.
       top_p: [B] float32, 1 off.
+      min_p: [B] float32, 0 off.
       plan: the `SamplingPlan` of the rows (static).
     """
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    min_p: jax.Array
     plan: SamplingPlan = struct.field(pytree_node=False)
 
     @classmethod
@@ -237,6 +254,7 @@ class RowSampling:
             temperature=np.array([s.temperature for s in settings], np.float32),
             top_k=np.array([s.top_k for s in settings], np.int32),
             top_p=np.array([s.top_p for s in settings], np.float32),
+            min_p=np.array([s.min_p for s in settings], np.float32),
             plan=own if plan is None else plan,
         )
 
@@ -249,7 +267,8 @@ class RowSampling:
         """Float32 probabilities [B, ..., V] of logits [B, ..., V], row b by its setting."""
         logits = _checked_logits(logits)
         shape = (-1,) + (1,) * (logits.ndim - 1)
-        rows = tuple(a.reshape(shape) for a in (self.temperature, self.top_k, self.top_p))
+        arrays = (self.temperature, self.top_k, self.top_p, self.min_p)
+        rows = tuple(a.reshape(shape) for a in arrays)
         return _transform(logits, rows, self.plan)
 
     def at(self, index) -> RowSampling:

@@ -66,7 +66,12 @@ class DecodeSettings:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
         if args.eos not in ("auto", "none") and not args.eos.isdigit():
             raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {args.eos!r}")
-        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        sampling = SamplingConfig(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=getattr(args, "min_p", 0.0),
+        )
         return cls(
             target=args.target,
             draft=draft,

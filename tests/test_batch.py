@@ -82,12 +82,19 @@ def test_rows_do_not_depend_on_slots_batch_size_or_order(pair, tmp_path, capsys)
     assert a["0"]["tokens"] != a["6"]["tokens"]
 
 
-SETTINGS = [{}, {"temperature": 0}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 5}]
+SETTINGS = [
+    {},
+    {"temperature": 0},
+    {"temperature": 0.7},
+    {"top_p": 0.9},
+    {"top_k": 5},
+    {"min_p": 0.1},
+]
 
 
 @pytest.mark.slow
 def test_a_job_of_mixed_settings_is_one_program_and_each_row_its_own(pair, tmp_path, capsys):
-    """Rows of five sampling settings share the slots and one compiled program (as many
+    """Rows of six sampling settings share the slots and one compiled program (as many
     programs as a job of one setting compiles); each row's tokens are those a job of its
     own setting writes for it."""
     rows = [{"id": i, "prompt": PROMPTS[i % len(PROMPTS)]} for i in range(10)]
@@ -170,6 +177,7 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
         (['{"id": 1, "prompt": "a", "temperature": -1}'], "line 1 (id 1): temperature"),
         (['{"id": "r", "prompt": "a", "top_p": 0}'], 'line 1 (id "r"): top_p'),
         (['{"id": 2, "prompt": "a", "top_k": -1}'], "line 1 (id 2): top_k"),
+        (['{"id": 3, "prompt": "a", "min_p": 1}'], "line 1 (id 3): min_p"),
         (['{"id": 1, "prompt": "a", "colour": 3}'], "unknown field"),
         (['{"id": 1, "prompt": "a", "seed": -4}'], "'seed'"),
     ],

@@ -91,6 +91,7 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         ([""], "prompt is empty"),
         (["x", "--temperature", "-1"], "temperature"),
         (["x", "--top-p", "2"], "top_p"),
+        (["x", "--min-p", "1"], "min_p"),
         (["x", "--max-new-tokens", "5000"], "max_len"),
         (["x", "-k", "0"], "num_draft_tokens"),
     ],

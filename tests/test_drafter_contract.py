@@ -253,6 +253,7 @@ CHI2 = [
     ("draft", "chain", "t0.6_g2", dict(sampling=SamplingConfig(0.6), gamma=2)),
     ("draft", "chain", "t1_topk3_g4", dict(sampling=SamplingConfig(1.0, top_k=3), gamma=4)),
     ("draft", "chain", "t1_topp0.8_g2", dict(sampling=SamplingConfig(1.0, top_p=0.8), gamma=2)),
+    ("draft", "chain", "t0.8_minp0.2_g3", dict(sampling=SamplingConfig(0.8, min_p=0.2), gamma=3)),
     (
         "draft",
         "chain",
@@ -286,6 +287,7 @@ CHI2 = [
     ("feature", "chain", "t1_g2_eos", dict(gamma=2, eos=2)),
     ("feature", "block", "t1_g3", dict(gamma=3)),
     ("feature", "tree", "t1", dict(gamma=3, seed=5)),
+    ("feature", "tree", "t1_minp0.15", dict(sampling=SamplingConfig(1.0, min_p=0.15), gamma=3)),
     ("feature", "slots", "t1", dict(gamma=2, eos=2)),
     ("feature", "skip", "t1_skip_once_g2", dict(skip=skip_second)),
     ("eagle3", "chain", "t1_g2", dict(gamma=2)),

@@ -19,7 +19,7 @@ from jax_specdec import Generator, NGram, speculative_generate
 from jax_specdec.sampling import RowSampling, SamplingConfig, SamplingPlan, probs_from_logits
 
 S = SamplingConfig
-MIXED = [S(0.0), S(0.7), S(1.0), S(1.0, top_p=0.9), S(0.8, top_k=3), S(0.0)]
+MIXED = [S(0.0), S(0.7), S(1.0), S(1.0, top_p=0.9), S(0.8, top_k=3), S(0.0), S(1.0, min_p=0.2)]
 
 
 def test_row_probs_are_each_rows_own_probs():
@@ -36,13 +36,14 @@ def test_row_probs_are_each_rows_own_probs():
 
 def test_plan_is_the_static_union_of_the_rows():
     plan = SamplingPlan.of(MIXED)
-    assert plan == SamplingPlan(greedy=False, any_greedy=True, top_k=3, top_p=True)
+    assert plan == SamplingPlan(greedy=False, any_greedy=True, top_k=3, top_p=True, min_p=True)
     assert SamplingPlan.of([S(0.0)]).greedy and not SamplingPlan.of([S(0.0), S(1.0)]).greedy
     # A greedy row's top-k and top-p never enter the plan: greedy ignores them.
     assert SamplingPlan.of([S(0.0, top_k=5, top_p=0.5)]) == SamplingPlan(True, True, 0, False)
     assert plan.covers(SamplingPlan.of([S(1.0, top_k=2)]))
     assert not plan.covers(SamplingPlan.of([S(1.0, top_k=4)]))
     assert not SamplingPlan.of([S(1.0)]).covers(SamplingPlan.of([S(0.0)]))
+    assert not SamplingPlan.of([S(1.0)]).covers(SamplingPlan.of([S(1.0, min_p=0.1)]))
     with pytest.raises(ValueError, match="does not cover"):
         RowSampling.of([S(1.0, top_k=9)], plan)
 

@@ -5,7 +5,7 @@ import pytest
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
 
 
-def reference_probs(logits, temperature, top_k, top_p):
+def reference_probs(logits, temperature, top_k, top_p, min_p=0.0):
     """Row-by-row NumPy reference of the documented transform order."""
     logits = np.asarray(logits, np.float64)
     out = np.zeros_like(logits)
@@ -32,32 +32,39 @@ def reference_probs(logits, temperature, top_k, top_p):
             threshold = probs[kept[-1]]
             probs = np.where(probs >= threshold, probs, 0.0)
             probs /= probs.sum()
+        if min_p > 0.0:
+            probs = np.where(probs >= min_p * probs.max(), probs, 0.0)
+            probs /= probs.sum()
         out[idx] = probs
     return out
 
 
 SETTINGS = [
-    (1.0, 0, 1.0),
-    (0.7, 0, 1.0),
-    (1.3, 3, 1.0),
-    (1.0, 1, 1.0),
-    (1.0, 0, 0.8),
-    (0.6, 0, 0.5),
-    (0.8, 4, 0.9),
-    (2.0, 5, 0.3),
-    (0.0, 0, 1.0),
-    (0.0, 3, 0.5),
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 1.0, 0.0),
+    (1.3, 3, 1.0, 0.0),
+    (1.0, 1, 1.0, 0.0),
+    (1.0, 0, 0.8, 0.0),
+    (0.6, 0, 0.5, 0.0),
+    (0.8, 4, 0.9, 0.0),
+    (2.0, 5, 0.3, 0.0),
+    (0.0, 0, 1.0, 0.0),
+    (0.0, 3, 0.5, 0.0),
+    (1.0, 0, 1.0, 0.1),
+    (0.7, 0, 1.0, 0.5),
+    (1.2, 6, 0.9, 0.05),
+    (0.0, 0, 1.0, 0.3),
 ]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
-def test_matches_numpy_reference(temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", SETTINGS)
+def test_matches_numpy_reference(temperature, top_k, top_p, min_p):
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(4, 5, 11)) * 2.0
-    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     got = np.asarray(probs_from_logits(jnp.asarray(logits, jnp.float32), config))
     assert got.dtype == np.float32
-    want = reference_probs(logits.astype(np.float32), temperature, top_k, top_p)
+    want = reference_probs(logits.astype(np.float32), temperature, top_k, top_p, min_p)
     np.testing.assert_allclose(got, want, atol=2e-6)
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
 
@@ -98,6 +105,9 @@ def dataclass_values(config):
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": float("nan")}, "top_p"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": True}, "min_p"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, field):

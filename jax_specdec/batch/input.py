@@ -17,7 +17,7 @@ from jax_specdec.sampling import SamplingConfig
 
 __all__ = ["JobError", "JobRow", "derive_seed", "read_rows"]
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 _PROMPT_FIELDS = ("prompt", "tokens", "messages")
 _KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", *_SAMPLING_FIELDS}
 

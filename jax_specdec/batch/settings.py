@@ -123,6 +123,8 @@ class BatchSettings:
                 "temperature": decode.sampling.temperature,
                 "top_k": decode.sampling.top_k,
                 "top_p": decode.sampling.top_p,
+                # only when set: job files written before min-p existed still resume
+                **({"min_p": decode.sampling.min_p} if decode.sampling.min_p else {}),
                 "max_new_tokens": self.max_new_tokens,
                 "eos_token_id": eos,
             },

@@ -80,6 +80,12 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="keep tokens at least this times as probable as the most probable (0 = off)",
+    )
+    parser.add_argument(
         "--eos",
         default="auto",
         help="'auto' (the model's EOS, else <|endoftext|>), 'none' or an id",
