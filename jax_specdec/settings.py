@@ -34,7 +34,8 @@ class DecodeSettings:
       tree: the round's token tree (`--tree`, `--branch`), or None for a chain.
       acceptance: a chain's rule, "token" or "block".
       sampling: temperature, top-k and top-p.
-      eos: "auto", "none" or a token id, as given (`eos_token_id` resolves it).
+      eos: "auto", "none" or token ids "ID[,ID...]", as given (`eos_token_id` resolves
+        it).
       seed: the job's or the call's seed.
       mesh: "DATAxMODEL" or None (`parse_mesh`).
       dtype: the models' parameters and activations, "float32" or "bfloat16"; None:
@@ -64,8 +65,11 @@ class DecodeSettings:
         tree = _tree(args.tree, args.branch, args.num_draft_tokens)
         if args.acceptance == "block" and tree is not None:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
-        if args.eos not in ("auto", "none") and not args.eos.isdigit():
-            raise ValueError(f"--eos must be 'auto', 'none' or a token id, got {args.eos!r}")
+        ids = args.eos.replace(" ", "").split(",")
+        if args.eos not in ("auto", "none") and not all(i.isdigit() for i in ids):
+            raise ValueError(
+                f"--eos must be 'auto', 'none' or token ids (ID[,ID...]), got {args.eos!r}"
+            )
         sampling = SamplingConfig(
             temperature=args.temperature,
             top_k=args.top_k,
@@ -94,15 +98,22 @@ class DecodeSettings:
                 f"context of {max_len} tokens"
             )
 
-    def eos_token_id(self, loaded) -> int | None:
-        """--eos for the loaded target (`io.draft.Loaded`): "auto" is the EOS the target
-        states, else its tokenizer's <|endoftext|>; "none" is no EOS; else the id."""
+    def eos_token_id(self, loaded) -> int | tuple[int, ...] | None:
+        """--eos for the loaded target (`io.draft.Loaded`): "auto" is every end-of-sequence
+        and end-of-turn id the target states (`io.hf.stop_token_ids`), else its
+        tokenizer's <|endoftext|>; "none" is no EOS; else the ids given. One id is an int,
+        several a tuple."""
+        if self.eos == "none":
+            return None
         if self.eos == "auto":
-            from jax_specdec.io.hf import eos_token_id
+            from jax_specdec.io.hf import stop_token_ids
 
-            stated = eos_token_id(loaded.target_dir)
-            return loaded.tokenizer.token_to_id("<|endoftext|>") if stated is None else stated
-        return None if self.eos == "none" else int(self.eos)
+            ids = stop_token_ids(loaded.target_dir)
+            if not ids:
+                return loaded.tokenizer.token_to_id("<|endoftext|>")
+        else:
+            ids = tuple(sorted({int(i) for i in self.eos.replace(" ", "").split(",")}))
+        return ids[0] if len(ids) == 1 else ids
 
     def rounds(self) -> dict:
         """`Generator`'s drafting arguments (none for autoregressive decoding)."""

@@ -111,7 +111,9 @@ def ragged_prompts(num, vocab, seed=0, max_len=9):
 
 
 def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
-    """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS)."""
+    """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS: an id
+    or a tuple of ids)."""
+    stops = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
     conts = np.array(list(itertools.product(range(VOCAB), repeat=depth)), np.int32)
     tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
     probs = np.asarray(probs_from_logits(target(jnp.asarray(tokens)), sampling), np.float64)
@@ -122,7 +124,7 @@ def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
         for j, tok in enumerate(cont):
             prob *= probs[i, start + j, tok]
             seq += (int(tok),)
-            if tok == eos:
+            if tok in stops:
                 break
         result[seq] = result.get(seq, 0.0) + prob if len(seq) < depth else prob
     # Sequences cut by EOS were added once per continuation after the EOS: divide out.

@@ -178,3 +178,28 @@ def test_ngram_constant_schedule_runs_rounds_of_width_zero_or_gamma(target):
     assert np.asarray(out.stats.drafted).sum() < 3 * widths[3] * len(prompts)  # short matches
     alone = Generator(target)(prompts, **call)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(alone.tokens))
+
+
+def test_several_stop_ids_end_rows_at_the_first_and_finish_reasons_say_so(target, draft):
+    """eos_token_id may be a list: a row ends at the first of them it emits (kept); the
+    finish reason is "eos" there and "length" at the budget (greedy: the tokens are the
+    autoregressive ones up to there); bad lists are refused."""
+    from jax_specdec.decode.stats import finish_reasons
+
+    prompts = ragged_prompts(12, VOCAB, seed=9)
+    call = dict(key=jax.random.key(3), max_new_tokens=10)
+    free = Generator(target)(prompts, **call)
+    both = Generator(target, draft, schedule=2, eos_token_id=[5, 1])
+    assert both.stop_ids == (1, 5)
+    out = both(prompts, **call)
+    reasons = finish_reasons(out, 10, both.stop_ids)
+    for b, free_row in enumerate(np.asarray(free.tokens).tolist()):
+        stop = next((i for i, t in enumerate(free_row) if t in (1, 5)), None)
+        n = 10 if stop is None else stop + 1
+        assert int(out.lengths[b]) == n
+        assert np.asarray(out.tokens)[b, :n].tolist() == free_row[:n]
+        assert reasons[b] == ("length" if stop is None else "eos")
+    assert {"eos", "length"} <= set(reasons)
+    for bad, message in (([], "empty list"), ([1, 99], "must lie in"), ("x", "integer")):
+        with pytest.raises(ValueError, match=message):
+            Generator(target, eos_token_id=bad)

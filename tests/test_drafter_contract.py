@@ -136,7 +136,10 @@ def ids(case):
 
 # Variants beyond one case (γ 3, EOS 3) per drafter and shape.
 GREEDY_VARIANTS = {
-    ("draft", "chain"): [dict(gamma=g, eos=e) for g in (1, 2, 3, 5) for e in (None, 3)],
+    ("draft", "chain"): [
+        *(dict(gamma=g, eos=e) for g in (1, 2, 3, 5) for e in (None, 3)),
+        dict(gamma=3, eos=(3, 5)),  # two stop ids: the first emitted ends the row
+    ],
     ("draft", "skip"): [dict(), dict(skip=skip_first)],
     ("feature", "chain"): [dict(gamma=g, eos=e) for g, e in ((1, None), (2, 3), (4, None), (4, 3))],
     ("feature", "tree"): [dict(tree=Tree(8, 3, 3), eos=2)],
@@ -146,7 +149,8 @@ GREEDY_VARIANTS = {
 
 def _variant_id(opts):
     parts = [f"g{opts['gamma']}" if "gamma" in opts else None]
-    parts.append(f"eos{opts['eos']}" if opts.get("eos") else None)
+    eos = opts.get("eos")
+    parts.append(f"eos{'_'.join(map(str, np.atleast_1d(eos)))}" if eos else None)
     parts.append(f"n{opts['tree'].nodes}" if "tree" in opts else None)
     parts.append(opts["skip"].__name__ if "skip" in opts else None)
     return "_".join(p for p in parts if p) or None
@@ -209,10 +213,11 @@ class TestGreedy:
         ar = Generator(small["target"], eos_token_id=eos)(GREEDY_PROMPTS, **call)
         ar_tokens, ar_lengths = np.asarray(ar.tokens), np.asarray(ar.lengths)
         if eos is not None:  # EOS stops some rows early; it is kept, padding follows
+            stops = set(np.atleast_1d(eos).tolist())
             assert (ar_lengths < BUDGETS).any(), "the EOS case should stop some rows early"
             for row, n, budget in zip(ar_tokens, ar_lengths, BUDGETS, strict=True):
-                assert n == budget or row[n - 1] == eos
-                assert eos not in row[: n - 1].tolist()
+                assert n == budget or row[n - 1] in stops
+                assert not stops & set(row[: n - 1].tolist())
                 assert (row[n:] == 0).all()
         models = [small]
         if (drafter, shape) == ("draft", "chain"):  # the target as its own draft, too
@@ -261,6 +266,7 @@ CHI2 = [
         dict(sampling=SamplingConfig(0.6, top_k=4, top_p=0.9), gamma=4, eos=2),
     ),
     ("draft", "chain", "t1_g2_eos", dict(gamma=2, eos=2)),
+    ("draft", "chain", "t1_g2_two_eos", dict(gamma=2, eos=(2, 4), seed=21)),
     ("draft", "block", "t1_g3", dict(gamma=3)),
     ("draft", "block", "t0.7_topp0.9_g2_eos", dict(sampling=T07_TOPP, gamma=2, eos=2)),
     ("draft", "slots", "t1", dict(gamma=2, eos=2, seed=11)),

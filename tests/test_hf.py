@@ -326,3 +326,29 @@ def test_export_refuses_hybrid_configs(tmp_path):
     config = TransformerConfig.tiny(norm="layer")
     with pytest.raises(ValueError, match="norm"):
         save_model(Transformer(config, rngs=nnx.Rngs(0)), tmp_path)
+
+
+def test_stop_token_ids_are_every_end_id_the_model_states(tmp_path):
+    """config.json's eos_token_id (an id or a list, as Llama 3 Instruct's three) and
+    generation_config.json's; --eos auto takes them all, --eos 3,5 the ids given."""
+    import argparse
+    import types
+
+    from jax_specdec.io.hf import stop_token_ids
+    from jax_specdec.settings import DecodeSettings
+
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [9, 3]}))
+    assert stop_token_ids(tmp_path) == (3, 9)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert stop_token_ids(tmp_path) == (3, 7, 9)
+    (tmp_path / "config.json").write_text(json.dumps({}))
+    assert stop_token_ids(tmp_path) == (7,)
+    loaded = types.SimpleNamespace(target_dir=tmp_path, tokenizer=None)
+    for eos, want in (("auto", 7), ("none", None), ("5,3", (3, 5)), ("4", 4)):
+        args = argparse.Namespace(
+            target="t", tree=None, branch=None, num_draft_tokens=4, acceptance="token",
+            eos=eos, temperature=0.0, top_k=0, top_p=1.0, seed=0, mesh=None, dtype=None,
+            schedule=None,
+        )  # fmt: skip
+        settings = DecodeSettings.from_args(args, draft="ngram")
+        assert settings.eos_token_id(loaded) == want, eos

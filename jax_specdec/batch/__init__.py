@@ -7,9 +7,10 @@ by the target's chat template); optionally `seed` (integer >= 0),
 input line is checked when the file is read, before anything is compiled or written.
 
 Output (`output`): one JSON object per finished row, `{"id", "seed", "tokens", "text",
-"stats"}`, appended and synced call by call, plus `<output>.job.json` recording what the
-job is (models, seed, schedule, defaults, input), written with the first row: a restart
-with a different job is refused.
+"finish_reason", "stats"}` ("eos": it emitted a stop id; "length": its budget),
+appended and synced call by call, plus `<output>.job.json` recording what the job is
+(models, seed, schedule, defaults, input), written with the first row: a restart with a
+different job is refused.
 
 Running (`run`): in one process (`run_job`), over the processes of a `jax.distributed`
 run (`multihost`), or over a Ray cluster (`ray`); all three write the same lines for a

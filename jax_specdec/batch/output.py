@@ -1,6 +1,7 @@
 """The output of a batch job, written the same way by one process (`run.run_job`), by the
 lead of many (`multihost`) and by a Ray driver (`ray`): one JSON line per finished row,
-`{"id", "seed", "tokens", "text", "stats"}`, appended and synced call by call, and
+`{"id", "seed", "tokens", "text", "finish_reason", "stats"}` (the reason "eos" or
+"length"), appended and synced call by call, and
 `<output>.job.json`, what the job is, written with the first row.
 
 A restart reads the output back (`pending`): the job file must describe the same job, a

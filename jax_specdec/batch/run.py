@@ -30,6 +30,7 @@ import numpy as np
 from jax_specdec.batch.input import JobError, JobRow
 from jax_specdec.batch.output import Tally, append, lines, pending, progress_bar
 from jax_specdec.decode.request import seed_key_data
+from jax_specdec.decode.stats import finish_reasons
 from jax_specdec.sampling import RowSampling, SamplingPlan
 
 __all__ = ["CALL_SLOTS", "call_limit", "make_generate", "plan_batches", "run_call", "run_job"]
@@ -120,6 +121,7 @@ def make_generate(
         width = len(prompts)
         return jax.tree.map(lambda a: a[:rows] if a.ndim and a.shape[0] == width else a, out)
 
+    generate.stop_ids = generator.stop_ids  # for each row's finish reason (`run_call`)
     return generate
 
 
@@ -231,12 +233,20 @@ def run_call(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict
     counters = {
         k: np.asarray(getattr(out.stats, k)) for k in ("rounds", "drafted", "accepted", "rejected")
     }
+    reasons = finish_reasons(out, budgets, getattr(generate, "stop_ids", ()))
     records = []
     for b, row in enumerate(batch):
         ids = tokens[b, : lengths[b]].tolist()
         stats = {"generated": int(lengths[b]), **{k: int(v[b]) for k, v in counters.items()}}
         text = None if detokenize is None else detokenize(ids)
         records.append(
-            {"id": row.id, "seed": row.seed, "tokens": ids, "text": text, "stats": stats}
+            {
+                "id": row.id,
+                "seed": row.seed,
+                "tokens": ids,
+                "text": text,
+                "finish_reason": reasons[b],
+                "stats": stats,
+            }
         )
     return records, int(out.stats.slot_rounds)

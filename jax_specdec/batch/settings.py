@@ -126,7 +126,7 @@ class BatchSettings:
                 # only when set: job files written before min-p existed still resume
                 **({"min_p": decode.sampling.min_p} if decode.sampling.min_p else {}),
                 "max_new_tokens": self.max_new_tokens,
-                "eos_token_id": eos,
+                "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
             },
         }
 

@@ -18,9 +18,9 @@ def add_parser(sub) -> None:
         "batch",
         help="a resumable JSONL generation job (one result line per input row)",
         description="Input lines: {id, prompt | tokens | messages, [seed, temperature, top_k, "
-        "top_p, min_p, max_new_tokens]}. Output lines: {id, seed, tokens, text, stats}. A "
-        "restarted job "
-        "skips finished ids; a row depends only on the job seed and its id (or its seed).",
+        "top_p, min_p, max_new_tokens]}. Output lines: {id, seed, tokens, text, "
+        "finish_reason, stats}. A restarted job skips finished ids; a row depends only on the "
+        "job seed and its id (or its seed).",
     )
     job.add_argument("--input", required=True, help="JSONL prompts")
     job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")

@@ -88,7 +88,8 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eos",
         default="auto",
-        help="'auto' (the model's EOS, else <|endoftext|>), 'none' or an id",
+        help="ids that end a row: 'auto' (every end-of-sequence and end-of-turn id the model "
+        "states, else <|endoftext|>), 'none', or ID[,ID...]",
     )
 
 

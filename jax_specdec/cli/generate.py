@@ -105,12 +105,12 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     if not args.compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
-        return {"out": out, "seconds": time.perf_counter() - start}
+        return {"out": out, "seconds": time.perf_counter() - start, "stop_ids": spec.stop_ids}
     ar_run = Generator(loaded.target, **shared).bind(
         ids, key=key, max_new_tokens=args.max_new_tokens
     )
     spec_m, ar_m = measure([run, ar_run], repeats=3)
-    return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m}
+    return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m, "stop_ids": spec.stop_ids}
 
 
 def _check_finite(args, result) -> None:
@@ -149,11 +149,14 @@ def _summary(result: dict) -> dict:
     return summary
 
 
-def _print(args, prompts, texts, tokens, summary) -> None:
+def _print(args, prompts, results, summary) -> None:
+    """Each prompt's (text, tokens, finish reason), and the summary."""
+    results = list(results)
+    texts = [text for text, _, _ in results]
     if args.json:
         rows = [
-            {"prompt": p, "text": t, "tokens": ids}
-            for p, t, ids in zip(prompts, texts, tokens, strict=True)
+            {"prompt": p, "text": t, "tokens": ids, "finish_reason": why}
+            for p, (t, ids, why) in zip(prompts, results, strict=True)
         ]
         print(json.dumps({"outputs": rows, "stats": summary}, indent=2))
         return
@@ -178,6 +181,7 @@ def _print(args, prompts, texts, tokens, summary) -> None:
 def run(args, parser) -> int:
     import numpy as np
 
+    from jax_specdec.decode.stats import finish_reasons
     from jax_specdec.settings import parse_mesh
 
     try:
@@ -195,5 +199,6 @@ def run(args, parser) -> int:
     out = result["out"]
     tokens = [np.asarray(out.tokens)[b, : int(n)].tolist() for b, n in enumerate(out.lengths)]
     texts = [tokenizer.decode(t) for t in tokens]
-    _print(args, prompts, texts, tokens, _summary(result))
+    reasons = finish_reasons(out, args.max_new_tokens, result["stop_ids"])
+    _print(args, prompts, zip(texts, tokens, reasons, strict=True), _summary(result))
     return 0

@@ -4,7 +4,7 @@ and its bound calls (`Run`); `decode.oneshot` holds the one-call forms."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from jax_specdec.decode.request import (
     longest_first,
     make_request,
     queue_rows,
+    stop_ids,
 )
 from jax_specdec.decode.run import ProgramArgs, Run
 from jax_specdec.decode.stats import GenerationOutput
@@ -58,7 +59,9 @@ class Generator:
         row's drafting below the threshold (it needs a draft model).
       num_draft_tokens: an alias of `schedule=γ`.
       sampling: temperature / top-k / top-p for target and draft alike; default greedy.
-      eos_token_id: a row stops after emitting it (it is kept); None: no EOS.
+      eos_token_id: a row stops after emitting it (it is kept): an id, or a sequence of
+        ids (a chat model's end-of-turn and end-of-text, say; the first one emitted
+        stops the row); None: no EOS.
       vocab_size: the real vocabulary when target and draft differ only by padding
         (e.g. 32000 vs 32064): logits beyond it are dropped from both, which is exact
         as long as the target gives padded ids no probability.
@@ -85,7 +88,7 @@ class Generator:
         schedule=None,
         num_draft_tokens: int | None = None,
         sampling: SamplingConfig | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
         pad_token_id: int = 0,
         mesh: Mesh | None = None,
@@ -109,11 +112,7 @@ class Generator:
             self.tree = None if tree is None else as_tree(tree, self.schedule, self.drafter)
         elif any(a is not None for a in (schedule, num_draft_tokens, vocab_size, tree)):
             raise ValueError("schedule, num_draft_tokens, vocab_size and tree need a draft")
-        if (
-            eos_token_id is not None
-            and not 0 <= check_int("eos_token_id", eos_token_id, 0) < self.vocab_size
-        ):
-            raise ValueError(f"eos_token_id must lie in [0, {self.vocab_size}), got {eos_token_id}")
+        self._stop_ids = stop_ids(eos_token_id, self.vocab_size)
         if not 0 <= check_int("pad_token_id", pad_token_id, 0) < self.vocab_size:
             raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
@@ -151,6 +150,11 @@ class Generator:
         if len(models) == 1:
             self._defs.append(None)
             self._states.append(None)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids that end a row (`eos_token_id` as a sorted tuple; empty: none)."""
+        return self._stop_ids or ()
 
     def bind(
         self,
@@ -231,7 +235,7 @@ class Generator:
             drafter=self.drafter,
             schedule=self.schedule,
             max_new_tokens=request.max_new_tokens,
-            eos_token_id=self.eos_token_id,
+            eos_token_id=self._stop_ids,
             vocab_size=self.vocab_size,
             pad_token_id=self.pad_token_id,
             cache_len=cache_len,

@@ -31,7 +31,7 @@ class LoopConfig:
       schedule: how many tokens each row drafts per round (`jax_specdec.schedules`);
         None: autoregressive.
       max_new_tokens: tokens generated per row (fewer after an EOS).
-      eos_token_id: a row stops after emitting it; None: no EOS.
+      eos_token_id: the ids a row stops after emitting (`request.stop_ids`); None: no EOS.
       vocab_size: logits beyond it are dropped (models padded beyond the tokenizer).
       pad_token_id: fills the output after each row's end.
       cache_len: positions per row of every KV cache.
@@ -50,7 +50,7 @@ class LoopConfig:
     drafter: Any
     schedule: Any
     max_new_tokens: int
-    eos_token_id: int | None
+    eos_token_id: tuple[int, ...] | None
     vocab_size: int
     pad_token_id: int
     cache_len: int

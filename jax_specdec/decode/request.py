@@ -68,6 +68,26 @@ class Request:
         return dataclasses.replace(self, prompts=self.prompts[:, : self.longest])
 
 
+def stop_ids(eos_token_id, vocab_size: int) -> tuple[int, ...] | None:
+    """`eos_token_id` (None, an id, or a sequence of ids) as a sorted tuple of distinct
+    ids in [0, vocab_size), or None; a ValueError naming it otherwise."""
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, (int, np.integer)) else eos_token_id
+    try:
+        ids = list(ids)
+    except TypeError:
+        raise ValueError(
+            f"eos_token_id must be an id or a list of ids, got {eos_token_id!r}"
+        ) from None
+    if not ids:
+        raise ValueError("eos_token_id is an empty list: give None for no EOS")
+    for i in ids:
+        if not 0 <= check_int("eos_token_id", i, 0) < vocab_size:
+            raise ValueError(f"eos_token_id must lie in [0, {vocab_size}), got {i}")
+    return tuple(sorted({int(i) for i in ids}))
+
+
 def check_int(name: str, value, low: int, high: int = INT32_MAX) -> int:
     """`value` as an int in [low, high] (by default within int32, checked before any
     cast: a larger value would wrap around), else a ValueError naming `name`."""

@@ -13,6 +13,7 @@ Conventions (see docs/design.md, "The compiled loop"):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -175,13 +176,16 @@ def gather_last(tokens: jax.Array, lengths: jax.Array, count: int) -> jax.Array:
 
 def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState:
     """Appends the first num_new[b] of new_tokens [B, W] to each active row; a row ends
-    at its first EOS (kept) or at its budget, and later tokens are dropped."""
+    at its first EOS, any of `config.eos_token_id` (kept), or at its budget, and later
+    tokens are dropped."""
     batch, width = new_tokens.shape
     idx = jnp.arange(width, dtype=jnp.int32)
     count = jnp.minimum(num_new, state.budgets - state.generated)
     hit_eos = jnp.zeros((batch,), bool)
     if config.eos_token_id is not None:
-        is_eos = (new_tokens == config.eos_token_id) & (idx[None] < count[:, None])
+        is_eos = functools.reduce(
+            jnp.logical_or, [new_tokens == i for i in config.eos_token_id]
+        ) & (idx[None] < count[:, None])
         first_eos = jnp.argmax(is_eos, axis=1).astype(jnp.int32)
         hit_eos = jnp.any(is_eos, axis=1)
         count = jnp.where(hit_eos, first_eos + 1, count)

@@ -174,3 +174,16 @@ def take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
     """The output's rows `rows` [R] (tokens, lengths and the per-row counters)."""
     stats = out.stats.replace(**{f: getattr(out.stats, f)[rows] for f in ROW_FIELDS})
     return GenerationOutput(out.tokens[rows], out.lengths[rows], stats)
+
+
+def finish_reasons(out: GenerationOutput, budgets, stop_ids) -> list[str]:
+    """Why each row ended (host side): "eos" when its last token is one of `stop_ids` (a
+    stop id ends a row and is kept), else "length" (its budget, an int or one per row)."""
+    lengths, tokens = np.asarray(out.lengths), np.asarray(out.tokens)
+    budgets = np.broadcast_to(np.asarray(budgets), lengths.shape)
+    stops = set(stop_ids or ())
+    reasons = []
+    for row, n, budget in zip(tokens, lengths, budgets, strict=True):
+        last = int(row[n - 1]) if n else None
+        reasons.append("eos" if last in stops or n < budget else "length")
+    return reasons

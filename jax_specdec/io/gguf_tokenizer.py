@@ -41,7 +41,14 @@ _SPLITS = {
     "deepseek-r1-qwen": _QWEN2,
 }
 _CONTROL, _USER_DEFINED = 3, 4
-_SPECIAL_KEYS = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}
+_SPECIAL_KEYS = {
+    "bos": "bos",
+    "eos": "eos",
+    "unk": "unknown",
+    "pad": "padding",
+    "eot": "eot",  # end of turn (llama.cpp's)
+    "eom": "eom",  # end of message
+}
 
 
 def load_gguf_tokenizer(path: Path_):
@@ -78,7 +85,8 @@ def load_gguf_tokenizer(path: Path_):
 
 
 def special_token_ids(reader) -> dict[str, int]:
-    """The special token ids the file names: a subset of keys bos, eos, unk, pad."""
+    """The special token ids the file names: a subset of keys bos, eos, unk, pad, eot,
+    eom."""
     ids = {}
     for short, key in _SPECIAL_KEYS.items():
         value = field(reader, f"tokenizer.ggml.{key}_token_id", None)

@@ -44,6 +44,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "save_model",
+    "stop_token_ids",
     "tokenizer_from_file",
 ]
 
@@ -190,6 +191,27 @@ def tokenizer_from_file(file: Path_):
         return Tokenizer.from_file(str(file))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
         raise ValueError(f"{file} is not a readable tokenizer.json ({brief(e)})") from e
+
+
+def stop_token_ids(path: Path_) -> tuple[int, ...]:
+    """Every end-of-sequence or end-of-turn id the model states, sorted: config.json's and
+    generation_config.json's `eos_token_id` (an id or a list: Llama 3 Instruct lists
+    <|end_of_text|>, <|eom_id|> and <|eot_id|>), or a GGUF file's eos, eot and eom ids;
+    empty when it states none."""
+    if is_gguf(path):
+        from jax_specdec.io.gguf_file import open_gguf
+        from jax_specdec.io.gguf_tokenizer import special_token_ids
+
+        special = special_token_ids(open_gguf(path))
+        return tuple(sorted({special[k] for k in ("eos", "eot", "eom") if k in special}))
+    directory = _directory(path)
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        if name == "config.json" or (directory / name).is_file():
+            value = _read_json(directory / name).get("eos_token_id")
+            values = value if isinstance(value, list) else [value]
+            ids |= {v for v in values if isinstance(v, int) and not isinstance(v, bool)}
+    return tuple(sorted(ids))
 
 
 def eos_token_id(path: Path_) -> int | None:
