@@ -10,7 +10,6 @@ replaces).
 """
 
 import os
-import resource
 import sys
 
 os.environ["XLA_FLAGS"] = (
@@ -67,7 +66,11 @@ def tokens(directories):
 
 
 def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """This process's peak resident memory in bytes (VmHWM: getrusage's ru_maxrss would
+    carry over the parent's peak through fork and exec, a pytest worker's gigabytes)."""
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
 
 
 def device_bytes(tree) -> int:
