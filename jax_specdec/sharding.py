@@ -112,9 +112,10 @@ def repeat_kv_heads(model, repeats: int):
 def repeat_heads(value, head_dim: int, repeats: int):
     """Columns (the last axis) [.., K * head_dim] -> [.., K * repeats * head_dim], each
     head's block repeated in place."""
+    xp = np if isinstance(value, np.ndarray) else jax.numpy  # a host array stays on the host
     lead, k = value.shape[:-1], value.shape[-1] // head_dim
     heads = value.reshape(*lead, k, 1, head_dim)
-    return jax.numpy.broadcast_to(heads, (*lead, k, repeats, head_dim)).reshape(
+    return xp.broadcast_to(heads, (*lead, k, repeats, head_dim)).reshape(
         *lead, k * repeats * head_dim
     )
 

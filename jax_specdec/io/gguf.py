@@ -214,6 +214,10 @@ def load_gguf_model(path: Path_, *, dtype=None, weights: bool = True, mesh=None)
     return build_model(config, parts)
 
 
+# The special tokens tokenizer_config.json names (bos_token, ...): eot/eom have no key there.
+_HF_SPECIAL = ("bos", "eos", "unk", "pad")
+
+
 def convert_gguf(path: Path_, out_dir: Path_, *, overwrite: bool = False) -> Path:
     """Write a GGUF file as a Hugging Face directory (float32 weights).
 
@@ -244,11 +248,14 @@ def convert_gguf(path: Path_, out_dir: Path_, *, overwrite: bool = False) -> Pat
         raise GGUFError(f"{path}: cannot be written as {arch} (got {hf['architectures']})")
     special = special_token_ids(open_gguf(path))
     hf.update({f"{k}_token_id": v for k, v in special.items() if k in ("bos", "eos", "pad")})
+    stops = sorted({special[k] for k in ("eos", "eot", "eom") if k in special})
+    if len(stops) > 1:  # end of turn and end of message too, as Hugging Face configs list them
+        hf["eos_token_id"] = stops
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     tokenizer.save(str(out / "tokenizer.json"))
-    names = {k: tokenizer.id_to_token(v) for k, v in special.items()}
+    names = {k: tokenizer.id_to_token(v) for k, v in special.items() if k in _HF_SPECIAL}
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast"}
     tok_config.update({f"{k}_token": v for k, v in names.items() if v is not None})
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")

@@ -58,9 +58,9 @@ def load_onto_mesh(
     for hf_name, _, convert in entries:
         if isinstance(convert, Direct):
             leaf = targets[convert.path]
-            shape, dtype = leaf.get_value().shape, leaf.get_value().dtype
+            shape = leaf.get_value().shape
             kv = repeats if convert.path[-2:-1] in (("k",), ("v",)) else 1
-            read = _direct_reader(read_slice, hf_name, convert, kv, config.head_dim, dtype)
+            read = _direct_reader(read_slice, hf_name, convert, (kv, config.head_dim), leaf)
             sharding = sharding_of(mesh, convert.path, shape)
             leaf.set_value(jax.make_array_from_callback(shape, sharding, read))
             continue
@@ -70,16 +70,18 @@ def load_onto_mesh(
     return nnx.merge(graphdef, state)
 
 
-def _direct_reader(read_slice, hf_name, direct, repeats, head_dim, dtype):
-    """read(index): the parameter's slice at `index` from the HF tensor, as `dtype` (stored
-    [out, in] where the parameter is [in, out]; KV columns repeated `repeats` times)."""
-    transpose = direct.transpose
+def _direct_reader(read_slice, hf_name, direct, kv: tuple[int, int], leaf):
+    """read(index): the parameter's slice at `index` from the HF tensor, as the dtype of
+    `leaf` (its abstract value; stored [out, in] where the parameter is [in, out]; with
+    `kv` = (repeats, head_dim), KV columns repeated `repeats` times)."""
+    transpose, (repeats, head_dim) = direct.transpose, kv
+    size, dtype = leaf.get_value().shape[-1], leaf.get_value().dtype  # the repeated axis
 
     def read(index):
         index = tuple(index)
         hf_index = index[::-1] if transpose else index
         if repeats > 1:
-            rows = _repeated(hf_index[0], head_dim, repeats)
+            rows = _repeated(hf_index[0], head_dim, repeats, size)
             part = np.concatenate(
                 [read_slice(hf_name, (slice(a, b), *hf_index[1:])) for a, b in rows], axis=0
             )
@@ -91,10 +93,10 @@ def _direct_reader(read_slice, hf_name, direct, repeats, head_dim, dtype):
     return read
 
 
-def _repeated(rows: slice, head_dim: int, repeats: int) -> list[tuple[int, int]]:
-    """The checkpoint's row ranges that make rows `rows` of the repeated layout (head h of
-    the repeated layout is the checkpoint's head h // repeats), as (start, stop) runs."""
-    start, stop, _ = rows.indices(1 << 62)
+def _repeated(rows: slice, head_dim: int, repeats: int, size: int) -> list[tuple[int, int]]:
+    """The checkpoint's row ranges that make rows `rows` of the repeated layout (`size`
+    rows; head h of it is the checkpoint's head h // repeats), as (start, stop) runs."""
+    start, stop, _ = rows.indices(size)
     runs: list[tuple[int, int]] = []
     at = start
     while at < stop:
@@ -112,7 +114,7 @@ def _set_whole(targets, parts: dict, mesh, repeats: int, head_dim: int) -> None:
 
     for path, array in parts.items():
         if repeats > 1 and path[-2:-1] in (("k",), ("v",)):
-            array = np.asarray(repeat_heads(np.asarray(array), head_dim, repeats))
+            array = repeat_heads(np.asarray(array), head_dim, repeats)
         targets[path].set_value(place_whole(array, targets[path].get_value(), mesh, path))
 
 
