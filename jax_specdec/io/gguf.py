@@ -7,11 +7,11 @@ memory stays near one dequantized copy of the weights. `jax_specdec.io.hf.load_m
 calls it for `.gguf` paths. `convert_gguf(path, out_dir)` writes the same weights as a
 Hugging Face directory.
 
-Architectures: `llama` (llama.cpp stores Mistral models under it too), `qwen2` and
-`qwen3` (its per-head q/k norms are `attn_q_norm`/`attn_k_norm`). llama.cpp permutes
-the rows of the llama q/k projections for its rotary kernel (`convert_hf_to_gguf.py`,
-`LlamaModel.permute`); they are permuted back here. Qwen2 and Qwen3 files are not
-permuted.
+Architectures: `llama` (llama.cpp stores Mistral models under it too), `qwen2`,
+`qwen3` (its per-head q/k norms are `attn_q_norm`/`attn_k_norm`), `gemma2` and `gemma3`
+(their switches and names: `io.gguf_gemma`). llama.cpp permutes the rows of the llama
+q/k projections for its rotary kernel (`convert_hf_to_gguf.py`, `LlamaModel.permute`);
+they are permuted back here. The other architectures' files are not permuted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jax_specdec.io import gguf_gemma
 from jax_specdec.io.gguf_file import GGUFError, brief, field, open_gguf
 from jax_specdec.io.hf_config import config_to_hf, default_dtype, dtype_name
 from jax_specdec.io.layout import build_model, hf_entries
@@ -45,6 +46,7 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    **gguf_gemma.GEMMA,
 }
 _PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp permutes
 
@@ -90,7 +92,8 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
         )
     scaling = field(reader, f"{arch}.rope.scaling.type", "none")
     names = {t.name for t in reader.tensors}
-    if scaling not in ("none", "") or "rope_freqs.weight" in names:
+    gemma = arch in gguf_gemma.GEMMA  # Gemma 3's linear scaling: gguf_gemma
+    if (scaling not in ("none", "") and not gemma) or "rope_freqs.weight" in names:
         raise GGUFError(f"{file}: rope scaling ({scaling}) is not supported")
 
     def need(key):
@@ -104,14 +107,19 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
     if vocab is None:
         vocab = len(field(reader, "tokenizer.ggml.tokens"))
     bias = "blk.0.attn_q.bias" in names
+    head_dim = int(head_dim or (d // heads if heads > 0 else 0))
+    layers = int(need("block_count"))
+    switches = dict(qk_norm=arch == "qwen3")
+    if gemma:
+        switches = gguf_gemma.gemma_switches(reader, arch, d, heads, head_dim, layers)
     try:
         config = TransformerConfig.llama(
             vocab_size=int(vocab),
             d_model=d,
-            num_layers=int(need("block_count")),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", heads)),
-            head_dim=int(head_dim or (d // heads if heads > 0 else 0)),
+            head_dim=head_dim,
             mlp_dim=int(need("feed_forward_length")),
             max_len=int(need("context_length")),
             norm_eps=float(need("attention.layer_norm_rms_epsilon")),
@@ -119,33 +127,39 @@ def config_from_gguf(reader, *, dtype=None) -> tuple[TransformerConfig, str]:
             qkv_bias=bias,
             out_bias=bias and arch != "qwen2",  # qwen3's attention_bias covers o_proj
             mlp_bias="blk.0.ffn_up.bias" in names,
-            qk_norm=arch == "qwen3",
             tie_embeddings="output.weight" not in names,
             dtype=dtype_name(dtype or default_dtype()),
             param_dtype=dtype_name(dtype or default_dtype()),
+            **switches,
         )
     except (TypeError, ValueError) as e:
         raise GGUFError(f"{file}: metadata does not describe a valid model ({brief(e)})") from e
     return config, ARCHITECTURES[arch]
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face (Llama/Qwen2/Qwen3) name of a GGUF tensor, or None if it has none."""
+def _layer_names(arch: str) -> dict[str, str]:
+    """GGUF -> Hugging Face names of a layer's tensors in a file of `arch`."""
+    return {**_LAYER_NAMES, **gguf_gemma.LAYER_NAMES} if arch in gguf_gemma.GEMMA else _LAYER_NAMES
+
+
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor in a file of `arch` (its
+    `general.architecture`), or None if it has none."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    m = _BLOCK.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    m, names = _BLOCK.fullmatch(gguf_name), _layer_names(arch)
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     return None
 
 
-def gguf_tensor_name(hf_name: str) -> str:
-    """The GGUF name of a Hugging Face (Llama/Qwen2/Qwen3) tensor (inverse of `hf_tensor_name`)."""
+def gguf_tensor_name(hf_name: str, arch: str = "llama") -> str:
+    """The GGUF name of a Hugging Face tensor (inverse of `hf_tensor_name`)."""
     for gguf_name, name in _GLOBAL_NAMES.items():
         if name == hf_name:
             return gguf_name
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
-    for gguf_suffix, suffix in _LAYER_NAMES.items():
+    for gguf_suffix, suffix in _layer_names(arch).items():
         if m and m.group(2) == suffix:
             return f"blk.{m.group(1)}.{gguf_suffix}"
     return hf_name
@@ -166,9 +180,9 @@ def hf_tensors(path: Path_):
     reader = open_gguf(path)
     config, arch = config_from_gguf(reader)
     shapes = {name: shape for name, shape, _ in hf_entries(config, arch)}
-    tensors = _check_tensors(reader, shapes)
-    kv_heads = config.num_kv_heads
     gguf_arch = field(reader, "general.architecture")
+    tensors = _check_tensors(reader, shapes, gguf_arch)
+    kv_heads = config.num_kv_heads
 
     def read() -> Iterator[tuple[str, np.ndarray]]:
         for hf_name, t in tensors:
@@ -178,6 +192,8 @@ def hf_tensors(path: Path_):
                     w = unpermute_rotary(w, config.num_heads)
                 elif ".k_proj." in hf_name:
                     w = unpermute_rotary(w, kv_heads)
+            elif gguf_arch in gguf_gemma.GEMMA and hf_name.endswith("norm.weight"):
+                w = w - 1.0  # stored as the multiplier 1 + w
             yield hf_name, w
 
     return config, arch, read()
@@ -262,11 +278,11 @@ def convert_gguf(path: Path_, out_dir: Path_, *, overwrite: bool = False) -> Pat
     return out
 
 
-def _check_tensors(reader, shapes: dict[str, tuple[int, ...]]) -> list:
+def _check_tensors(reader, shapes: dict[str, tuple[int, ...]], arch: str) -> list:
     file = reader.data.filename
     found, unexpected = {}, []
     for t in reader.tensors:
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, arch)
         if name is None or name not in shapes:
             unexpected.append(t.name)
             continue
@@ -280,7 +296,7 @@ def _check_tensors(reader, shapes: dict[str, tuple[int, ...]]) -> list:
         raise GGUFError(f"{file}: unexpected tensors {', '.join(unexpected[:8])}")
     missing = [n for n in shapes if n not in found]
     if missing:
-        names = ", ".join(gguf_tensor_name(n) for n in missing[:8])
+        names = ", ".join(gguf_tensor_name(n, arch) for n in missing[:8])
         raise GGUFError(f"{file}: missing tensors {names}")
     return [(name, found[name]) for name in shapes]
 

@@ -1,12 +1,20 @@
 """The tokenizer a GGUF file describes, as a `tokenizers.Tokenizer`.
 
 A GGUF carries no tokenizer.json: its metadata holds the vocabulary
-(`tokenizer.ggml.tokens`), the BPE merges, each token's type and the special ids.
-Only byte-level BPE (`tokenizer.ggml.model == "gpt2"`, as SmolLM2, Qwen2 and Llama 3
-use) is supported. The text is split before BPE as llama.cpp splits it for the file's
-`tokenizer.ggml.pre` (the known kinds are in `_SPLITS`); control tokens (type 3, like
-`<|im_start|>`) are added as special tokens and user-defined ones (type 4) as plain
-added tokens, so both stay whole.
+(`tokenizer.ggml.tokens`), the BPE merges or the tokens' scores, each token's type and
+the special ids. Two kinds are supported:
+
+- byte-level BPE (`tokenizer.ggml.model == "gpt2"`, as SmolLM2, Qwen2/3 and Llama 3
+  use). The text is split before BPE as llama.cpp splits it for the file's
+  `tokenizer.ggml.pre` (the known kinds are in `_SPLITS`).
+- Gemma's SentencePiece BPE (`"llama"` in a gemma/gemma2/gemma3 file): spaces become
+  "▁", unknown bytes fall back to the `<0xNN>` tokens. The file lists no merges; they
+  are rebuilt from the vocabulary, every split of a token into two tokens being a
+  merge, ranked by the token's position in the file (Gemma's order, which its scores
+  do not follow), as `transformers` rebuilds them.
+
+Control tokens (type 3, like `<|im_start|>` or `<start_of_turn>`) are added as special
+tokens and user-defined ones (type 4) as plain added tokens, so both stay whole.
 """
 
 from __future__ import annotations
@@ -51,21 +59,35 @@ _SPECIAL_KEYS = {
 }
 
 
+_GEMMA = ("gemma", "gemma2", "gemma3")  # architectures whose "llama" tokenizer is Gemma's
+
+
 def load_gguf_tokenizer(path: Path_):
-    """The byte-level BPE `tokenizers.Tokenizer` stored in a GGUF file's metadata.
+    """The `tokenizers.Tokenizer` stored in a GGUF file's metadata.
 
     Raises:
         FileNotFoundError: no such file.
-        GGUFError (a ValueError): unreadable file, a tokenizer that is not byte-level
-            BPE, no merges, or an unknown pre-tokenizer kind.
+        GGUFError (a ValueError): unreadable file, a tokenizer of another kind (see the
+            module docstring), no merges, or an unknown pre-tokenizer kind.
     """
     reader = open_gguf(path)
     kind = field(reader, "tokenizer.ggml.model", None)
+    arch = field(reader, "general.architecture", None)
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    types = field(reader, "tokenizer.ggml.token_type", None) or [1] * len(tokens)
+    if kind == "llama" and arch in _GEMMA:
+        try:
+            tokenizer = _gemma_bpe(tokens)
+        except Exception as e:
+            raise GGUFError(f"{path}: the tokenizer metadata is invalid ({e})") from e
+        _add_special(tokenizer, tokens, types, byte_level=False)
+        _add_post_processor(tokenizer, reader)
+        return tokenizer
     if kind != "gpt2":
         raise GGUFError(
-            f"{path}: tokenizer kind {kind!r} is not supported (only byte-level BPE, 'gpt2')"
+            f"{path}: tokenizer kind {kind!r} is not supported (byte-level BPE, 'gpt2', "
+            "and Gemma's SentencePiece, 'llama' in a gemma file)"
         )
-    tokens = field(reader, "tokenizer.ggml.tokens")
     merges = field(reader, "tokenizer.ggml.merges", None)
     if not merges:
         raise GGUFError(f"{path}: the byte-level BPE tokenizer has no merges")
@@ -74,12 +96,11 @@ def load_gguf_tokenizer(path: Path_):
         raise GGUFError(
             f"{path}: pre-tokenizer {pre!r} is not supported (supported: {', '.join(_SPLITS)})"
         )
-    types = field(reader, "tokenizer.ggml.token_type", None) or [1] * len(tokens)
     try:
         tokenizer = _byte_level_bpe(tokens, merges, _SPLITS[pre])
     except Exception as e:  # tokenizers rejects merges of unknown tokens etc.
         raise GGUFError(f"{path}: the tokenizer metadata is invalid ({e})") from e
-    _add_special(tokenizer, tokens, types)
+    _add_special(tokenizer, tokens, types, byte_level=True)
     _add_post_processor(tokenizer, reader)
     return tokenizer
 
@@ -130,15 +151,52 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], split: str):
     return tokenizer
 
 
-def _add_special(tokenizer, tokens: list[str], types: list[int]) -> None:
+def _gemma_bpe(tokens: list[str]):
+    """Gemma's SentencePiece BPE (byte fallback, spaces as "▁") of a GGUF vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    # A token of blanks holding a space is stored as it reads; the model looks it up as "▁"s.
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(tokens)}  # a repeated token: its last
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=_merges_by_position(vocab),
+        unk_token="<unk>" if "<unk>" in vocab else None,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    tokenizer = Tokenizer(bpe)
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return tokenizer
+
+
+def _merges_by_position(vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every (left, right) split of a token into two tokens, the earlier token first;
+    among one token's splits, the longer left part first (as `transformers`' merges
+    rebuilt from a vocabulary ranked by position)."""
+    merges = []
+    for token, index in vocab.items():
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))]
+        for left, right in splits:
+            if left in vocab and right in vocab:
+                merges.append((index, -len(left), -len(right), left, right))
+    merges.sort(key=lambda m: m[:3])
+    return [(left, right) for *_, left, right in merges]
+
+
+def _add_special(tokenizer, tokens: list[str], types: list[int], byte_level: bool) -> None:
     from tokenizers import AddedToken
 
     spelled = set(_byte_alphabet().values())
     control, user = [], []
     for token, kind in zip(tokens, types, strict=False):
-        # A "control" token outside the byte alphabet is a mislabel in some files: adding it
-        # would grow the vocabulary past the model's.
-        if kind == _CONTROL and set(token) <= spelled:
+        # A "control" token outside the byte alphabet is a mislabel in some byte-level
+        # files: adding it would grow the vocabulary past the model's.
+        if kind == _CONTROL and (not byte_level or set(token) <= spelled):
             control.append(AddedToken(token, special=True, normalized=False))
         elif kind == _USER_DEFINED and tokenizer.token_to_id(token) is not None:
             user.append(AddedToken(token, special=False, normalized=False))
