@@ -7,6 +7,9 @@ the enumerated exactness test on such a target (which fails with the window left
 of the loop's masks)."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -566,3 +569,20 @@ def test_heads_for_a_gemma_target_are_llama_style_and_draft_exactly(target, tmp_
     ar = Generator(target)(PROMPTS_GEN, **CALL)
     for draft in (load_head(tmp_path / "head"), make_head(target)):
         same_tokens(Generator(target, draft, schedule=3)(PROMPTS_GEN, **CALL), ar)
+
+
+@pytest.mark.slow
+def test_drafters_on_a_mesh_give_the_one_device_tokens():
+    """A Gemma-style target (every switch, q/k norms, window 3 shorter than the rows) and
+    its drafters split over a (2, 2) mesh of CPU devices: a draft model's chain, a
+    feature head's tree and n-gram slots give the one-device tokens, drafts accepted."""
+    script = str(pathlib.Path(__file__).parent / "family_mesh_run.py")
+    proc = subprocess.run(
+        [sys.executable, script, "gemma"], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out.pop("devices") == 4 and len(out) == 3
+    for name, run in out.items():
+        assert run["mesh"] == run["one"], name
+        assert run["accepted"] > 0, f"{name}: nothing accepted, a vacuous test"

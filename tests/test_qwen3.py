@@ -5,6 +5,7 @@ and greedy speculative decoding on a Qwen3 target (n-gram, a Qwen3 draft model, 
 trees, an EAGLE-3 head with Qwen3 layers, a mesh)."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -422,46 +423,19 @@ def test_slots_greedy_speculative_equals_autoregressive(target, draft):
         same_tokens(Generator(target, proposer, schedule=3, eos_token_id=2)(PROMPTS, **call), ar)
 
 
-MESH_SCRIPT = """
-import json, os
-flag = " --xla_force_host_platform_device_count=4"
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + flag
-import jax, numpy as np
-from flax import nnx
-from jax_specdec import Generator
-from jax_specdec.nn import Transformer, TransformerConfig
-
-def model(seed, **kw):
-    m = Transformer(TransformerConfig.tiny(vocab_size=32, qk_norm=True, **kw),
-                    rngs=nnx.Rngs(seed), init_scale=0.3)
-    for i, block in enumerate(m.blocks):
-        for j, norm in enumerate((block.attn.q_norm, block.attn.k_norm)):
-            key = jax.random.key(100 * seed + 10 * i + j)
-            norm.scale.set_value(1 + 0.3 * jax.random.normal(key, norm.scale.shape))
-    return m
-
-target, draft = model(1), model(2, num_layers=1, num_heads=2)
-prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-call = dict(key=jax.random.key(0), max_new_tokens=10)
-mesh = jax.make_mesh((2, 2), ("data", "model"))
-one = Generator(target, draft, schedule=3)(prompts, **call)
-sharded = Generator(target, draft, schedule=3, mesh=mesh)(prompts, **call)
-print(json.dumps({"devices": jax.device_count(),
-                  "one": np.asarray(one.tokens).tolist(),
-                  "mesh": np.asarray(sharded.tokens).tolist()}))
-"""
-
-
 @pytest.mark.slow
 def test_greedy_on_a_mesh_gives_the_one_device_tokens():
     """Target and draft with q/k norms (scales not 1) split over a (2, 2) mesh of CPU
     devices, the norm weights replicated: the one-device tokens."""
+    script = str(pathlib.Path(__file__).parent / "family_mesh_run.py")
     proc = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT], capture_output=True, text=True, timeout=900
+        [sys.executable, script, "qwen3"], capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["devices"] == 4 and out["mesh"] == out["one"]
+    assert (
+        out["devices"] == 4 and out["draft model chain"]["mesh"] == out["draft model chain"]["one"]
+    )
 
 
 def test_a_head_built_for_a_qwen3_target_is_qwen3_style_and_saves(target, tmp_path):
