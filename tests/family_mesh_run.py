@@ -3,9 +3,11 @@ jax starts): one model family's target with its drafters on a (2, 2) mesh agains
 device, greedy. Prints one JSON object: the device count and, per drafter, the tokens
 on one device and on the mesh.
 
-    python tests/family_mesh_run.py qwen3   # q/k norms (scales not 1): a draft model
+    python tests/family_mesh_run.py qwen3   # q/k norms (scales not 1)
     python tests/family_mesh_run.py gemma   # every Gemma switch, a window of 3 shorter
-                                            # than the rows: draft model, head tree, slots
+                                            # than the rows
+
+Drafters: a draft model's chain, a feature head's tree, n-gram slots.
 """
 
 import json
@@ -47,16 +49,15 @@ def model(seed, family, **overrides):
 
 def drafters(family, target):
     """A random draft model drafts nothing the target takes at this size: the target's own
-    weights in a model of its own are the Gemma draft (every draft accepted), beside
+    weights in a model of their own are the draft model (every draft accepted), beside
     drafters accepted in part."""
-    draft = model(1, family) if family == "gemma" else model(2, family, num_layers=1, num_heads=2)
-    out = {"draft model chain": (draft, dict(schedule=3), {})}
-    if family == "gemma":
-        from helpers import make_head
+    from helpers import make_head
 
-        out["feature head tree"] = (make_head(target), dict(schedule=3, tree=6), {})
-        out["n-gram slots"] = (NGram(), dict(schedule=3), dict(num_slots=2))
-    return out
+    return {
+        "draft model chain": (model(1, family), dict(schedule=3), {}),
+        "feature head tree": (make_head(target), dict(schedule=3, tree=6), {}),
+        "n-gram slots": (NGram(), dict(schedule=3), dict(num_slots=2)),
+    }
 
 
 def run(family):

@@ -282,10 +282,12 @@ def run_modes(names):
     modes["reference"] = reference
     results = {}
     for name in names:
+        start = time.perf_counter()
         try:
             results[name] = modes[name]()
         except Exception:
             results[name] = {"error": traceback.format_exc()}
+        results[name]["mode_seconds"] = round(time.perf_counter() - start, 1)
     return results
 
 

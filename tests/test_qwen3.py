@@ -425,8 +425,9 @@ def test_slots_greedy_speculative_equals_autoregressive(target, draft):
 
 @pytest.mark.slow
 def test_greedy_on_a_mesh_gives_the_one_device_tokens():
-    """Target and draft with q/k norms (scales not 1) split over a (2, 2) mesh of CPU
-    devices, the norm weights replicated: the one-device tokens."""
+    """A target with q/k norms (scales not 1) and its drafters split over a (2, 2) mesh of
+    CPU devices, the norm weights replicated: a draft model's chain, a feature head's tree
+    and n-gram slots give the one-device tokens, drafts accepted."""
     script = str(pathlib.Path(__file__).parent / "family_mesh_run.py")
     proc = subprocess.run(
         [sys.executable, script, "qwen3"], capture_output=True, text=True, timeout=900
