@@ -16,6 +16,10 @@ of the *same* transforms, so every sampling path in the library goes through
 
 Greedy (temperature 0) is one-hot on the argmax of the raw logits, the lowest
 index winning ties; top-k and top-p do not change an argmax.
+
+Before them, a row's logit bias and its repetition, presence and frequency penalties
+change the logits (`jax_specdec.penalties`): the penalties depend on the tokens before
+the position, so only the generation loop, which knows them, applies them.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from jax_specdec.penalties import adjust, bias_pairs
 
 __all__ = [
     "RowSampling",
@@ -39,6 +46,10 @@ __all__ = [
 ]
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How tokens are sampled; hashable, so it can be a static argument of `jax.jit`.
@@ -48,12 +59,22 @@ class SamplingConfig:
       top_k: >= 0; 0 means off.
       top_p: in (0, 1]; 1.0 means off.
       min_p: in [0, 1); 0.0 means off.
+      repetition_penalty: > 0; 1.0 means off (`transformers`' multiplicative penalty on
+        the tokens of the prompt and the output so far).
+      presence_penalty, frequency_penalty: finite, in [-2, 2] as the OpenAI API's; 0.0
+        means off (subtracted once for a token generated before / per time it was).
+      logit_bias: (token id, bias) pairs, ids distinct and >= 0, biases finite in
+        [-100, 100]; a dict {id: bias} is accepted and stored as sorted pairs.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
@@ -70,6 +91,25 @@ class SamplingConfig:
         object.__setattr__(self, "temperature", float(t))
         object.__setattr__(self, "top_p", float(p))
         object.__setattr__(self, "min_p", float(m))
+        r = self.repetition_penalty
+        if not _number(r) or not (0.0 < r < math.inf):
+            raise ValueError(f"repetition_penalty must be a number > 0 (1.0 = off), got {r!r}")
+        object.__setattr__(self, "repetition_penalty", float(r))
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _number(v) or not (-2.0 <= v <= 2.0):
+                raise ValueError(f"{name} must be a number in [-2, 2] (0.0 = off), got {v!r}")
+            object.__setattr__(self, name, float(v))
+        object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a penalty depending on the tokens before is on (not the logit bias)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
 
     @property
     def greedy(self) -> bool:
@@ -85,10 +125,23 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig = SamplingConfig
 
     Returns:
       float32 probabilities [..., V] summing to 1 over the last axis.
+
+    Raises:
+      ValueError: `config` has a repetition, presence or frequency penalty, which depends
+        on the tokens before the position (the generation loop applies those).
     """
     if not isinstance(config, SamplingConfig):
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
-    return _one_setting(_checked_logits(logits), config)
+    if config.penalised:
+        raise ValueError(
+            "probs_from_logits has no tokens to count: repetition, presence and frequency "
+            "penalties are applied by the generation loop (jax_specdec.penalties.adjust)"
+        )
+    logits = _checked_logits(logits)
+    if config.logit_bias:
+        ids, values = zip(*config.logit_bias, strict=True)
+        logits = logits.at[..., list(ids)].add(jnp.asarray(values, jnp.float32), mode="drop")
+    return _one_setting(logits, config)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -186,6 +239,9 @@ class SamplingPlan:
       top_k: the largest top-k of any row (0: no row uses top-k).
       top_p: some row uses top-p.
       min_p: some row uses min-p.
+      penalties: some row uses a repetition, presence or frequency penalty (the loop
+        then keeps count of the tokens seen, `penalties.Seen`).
+      bias: the most logit-bias entries of any row (0: none).
     """
 
     greedy: bool
@@ -193,6 +249,8 @@ class SamplingPlan:
     top_k: int
     top_p: bool
     min_p: bool = False
+    penalties: bool = False
+    bias: int = 0
 
     @classmethod
     def of(cls, settings) -> SamplingPlan:
@@ -203,17 +261,23 @@ class SamplingPlan:
             top_k=max(0 if s.greedy else s.top_k for s in settings),
             top_p=any(not s.greedy and s.top_p < 1.0 for s in settings),
             min_p=any(not s.greedy and s.min_p > 0.0 for s in settings),
+            penalties=any(s.penalised for s in settings),
+            bias=max((len(s.logit_bias) for s in settings), default=0),
         )
 
     def covers(self, other: SamplingPlan) -> bool:
         """Whether rows of plan `other` can run under this one (with the same tokens)."""
         if self.greedy:
-            return other.greedy
+            return (
+                other.greedy and self.bias >= other.bias and (self.penalties or not other.penalties)
+            )
         return (
             (self.any_greedy or not other.any_greedy)
             and self.top_k >= other.top_k
             and (self.top_p or not other.top_p)
             and (self.min_p or not other.min_p)
+            and (self.penalties or not other.penalties)
+            and self.bias >= other.bias
         )
 
 
@@ -230,14 +294,26 @@ class RowSampling:
       top_k: [B] int32, 0 off.
       top_p: [B] float32, 1 off.
       min_p: [B] float32, 0 off.
+      repetition_penalty: [B] float32, 1 off.
+      presence_penalty, frequency_penalty: [B] float32, 0 off.
+      bias_ids: [B, K] int32, each row's logit-bias ids (-1 pads; K = `plan.bias`).
+      bias_values: [B, K] float32, their biases.
       plan: the `SamplingPlan` of the rows (static).
+      seen: the rows' `penalties.Seen` (the tokens before their next position), as the
+        loop hands it to a drafter; None: no count of them (their penalties unapplied).
     """
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
     min_p: jax.Array
+    repetition_penalty: jax.Array
+    presence_penalty: jax.Array
+    frequency_penalty: jax.Array
+    bias_ids: jax.Array
+    bias_values: jax.Array
     plan: SamplingPlan = struct.field(pytree_node=False)
+    seen: Any = None
 
     @classmethod
     def of(cls, settings, plan: SamplingPlan | None = None) -> RowSampling:
@@ -250,12 +326,24 @@ class RowSampling:
         own = SamplingPlan.of(settings)
         if plan is not None and not plan.covers(own):
             raise ValueError(f"plan {plan} does not cover these rows' settings ({own})")
+        plan = own if plan is None else plan
+        ids = np.full((len(settings), plan.bias), -1, np.int32)
+        values = np.zeros((len(settings), plan.bias), np.float32)
+        for b, s in enumerate(settings):
+            for k, (token, bias) in enumerate(s.logit_bias):
+                ids[b, k], values[b, k] = token, bias
+        column = lambda name, dtype: np.array([getattr(s, name) for s in settings], dtype)  # noqa: E731
         return cls(
-            temperature=np.array([s.temperature for s in settings], np.float32),
-            top_k=np.array([s.top_k for s in settings], np.int32),
-            top_p=np.array([s.top_p for s in settings], np.float32),
-            min_p=np.array([s.min_p for s in settings], np.float32),
-            plan=own if plan is None else plan,
+            temperature=column("temperature", np.float32),
+            top_k=column("top_k", np.int32),
+            top_p=column("top_p", np.float32),
+            min_p=column("min_p", np.float32),
+            repetition_penalty=column("repetition_penalty", np.float32),
+            presence_penalty=column("presence_penalty", np.float32),
+            frequency_penalty=column("frequency_penalty", np.float32),
+            bias_ids=ids,
+            bias_values=values,
+            plan=plan,
         )
 
     @property
@@ -271,9 +359,23 @@ class RowSampling:
         rows = tuple(a.reshape(shape) for a in arrays)
         return _transform(logits, rows, self.plan)
 
+    def adjust(self, logits: jax.Array) -> jax.Array:
+        """Logits [B, V] or [B, T, V] with each row's logit bias and, where `seen` is set,
+        its penalties for the tokens seen (`penalties.adjust`; no drafts counted): what
+        a drafter's q is computed from."""
+        if not self.plan.bias and (self.seen is None or not self.plan.penalties):
+            return logits
+        seen = self.seen if self.plan.penalties else None
+        return adjust(logits, self if seen is not None else _without_penalties(self), seen)
+
     def at(self, index) -> RowSampling:
         """The rows at `index` (an int array or slice), same plan."""
         return jax.tree.map(lambda a: a[index], self)
+
+
+def _without_penalties(rows: RowSampling) -> RowSampling:
+    """`rows` under a plan that applies only their logit bias."""
+    return rows.replace(plan=dataclasses.replace(rows.plan, penalties=False))
 
 
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:

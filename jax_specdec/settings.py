@@ -75,6 +75,10 @@ class DecodeSettings:
             top_k=args.top_k,
             top_p=args.top_p,
             min_p=getattr(args, "min_p", 0.0),
+            repetition_penalty=getattr(args, "repetition_penalty", 1.0),
+            presence_penalty=getattr(args, "presence_penalty", 0.0),
+            frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+            logit_bias=_logit_bias(getattr(args, "logit_bias", "")),
         )
         return cls(
             target=args.target,
@@ -122,6 +126,20 @@ class DecodeSettings:
         return dict(
             num_draft_tokens=self.num_draft_tokens, tree=self.tree, acceptance=self.acceptance
         )
+
+
+def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """--logit-bias ID:BIAS[,ID:BIAS...] as (id, bias) pairs (checked by SamplingConfig)."""
+    pairs = []
+    for item in filter(None, (text or "").replace(" ", "").split(",")):
+        token, _, bias = item.partition(":")
+        try:
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise ValueError(
+                f"--logit-bias must be ID:BIAS[,ID:BIAS...] (e.g. 50256:-100), got {item!r}"
+            ) from None
+    return tuple(pairs)
 
 
 def _tree(nodes: int | None, branch: int, depth: int) -> Tree | None:

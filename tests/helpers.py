@@ -3,6 +3,7 @@ prompts, exact enumeration of a target's sequence probabilities, the chi-square 
 HLO inspection and compile counting."""
 
 import contextlib
+import dataclasses
 import itertools
 
 import jax
@@ -112,17 +113,25 @@ def ragged_prompts(num, vocab, seed=0, max_len=9):
 
 def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
     """{sequence: probability} of the first `depth` sampled tokens (shorter if EOS: an id
-    or a tuple of ids)."""
+    or a tuple of ids). A setting's logit bias and penalties are applied here, in NumPy,
+    from their definitions (`penalised_logits`), each continuation's own tokens counted."""
     stops = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
     conts = np.array(list(itertools.product(range(VOCAB), repeat=depth)), np.int32)
     tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], axis=1)
-    probs = np.asarray(probs_from_logits(target(jnp.asarray(tokens)), sampling), np.float64)
     start = len(prompt) - 1
+    logits = np.asarray(target(jnp.asarray(tokens)), np.float32)[:, start : start + depth]
+    if sampling.penalised or sampling.logit_bias:
+        logits = penalised_logits(logits, prompt, conts, sampling)
+        sampling = dataclasses.replace(
+            sampling, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0
+        )
+        sampling = dataclasses.replace(sampling, logit_bias=())
+    probs = np.asarray(probs_from_logits(jnp.asarray(logits), sampling), np.float64)
     result = {}
     for i, cont in enumerate(conts):
         prob, seq = 1.0, ()
         for j, tok in enumerate(cont):
-            prob *= probs[i, start + j, tok]
+            prob *= probs[i, j, tok]
             seq += (int(tok),)
             if tok in stops:
                 break
@@ -132,6 +141,24 @@ def exact_sequence_probs(target, prompt, sampling, eos, depth=3):
         if len(seq) < depth:
             result[seq] /= VOCAB ** (depth - len(seq))
     return {seq: prob for seq, prob in result.items() if prob > 0}
+
+
+def penalised_logits(logits, prompt, conts, sampling):
+    """logits [C, depth, V] after the logit bias, then the repetition penalty over the
+    prompt and the tokens generated before each position (l / r if l > 0, else l * r),
+    then the frequency and presence penalties over the generated ones."""
+    out = logits.astype(np.float64).copy()
+    for token, bias in sampling.logit_bias:
+        out[..., token] += bias
+    r, f, p = sampling.repetition_penalty, sampling.frequency_penalty, sampling.presence_penalty
+    for i, cont in enumerate(conts):
+        for j in range(out.shape[1]):
+            counts = np.bincount(cont[:j], minlength=out.shape[2])
+            seen = (counts > 0) | np.isin(np.arange(out.shape[2]), prompt)
+            row = out[i, j]
+            row[seen] = np.where(row[seen] > 0, row[seen] / r, row[seen] * r)
+            row -= f * counts + p * (counts > 0)
+    return out.astype(np.float32)
 
 
 def chi_square_pvalue(samples, exact):

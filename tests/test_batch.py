@@ -10,7 +10,6 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import count_compiles
 
 from jax_specdec.batch import derive_seed, seed_key_data
 from jax_specdec.cli import main
@@ -89,27 +88,33 @@ SETTINGS = [
     {"top_p": 0.9},
     {"top_k": 5},
     {"min_p": 0.1},
+    {"repetition_penalty": 1.3, "logit_bias": {"5": 2.0}},
+    {"presence_penalty": 0.5, "frequency_penalty": 0.5, "temperature": 0.8},
 ]
 
 
 @pytest.mark.slow
 def test_a_job_of_mixed_settings_is_one_program_and_each_row_its_own(pair, tmp_path, capsys):
-    """Rows of six sampling settings share the slots and one compiled program (as many
-    programs as a job of one setting compiles); each row's tokens are those a job of its
-    own setting writes for it."""
+    """Rows of eight sampling settings (penalties and a logit bias among them) share the
+    slots and one compiled generation program (as many as a job of one setting compiles);
+    each row's tokens are those a job of its own setting writes for it."""
+    from jax_specdec.decode import program
+
     rows = [{"id": i, "prompt": PROMPTS[i % len(PROMPTS)]} for i in range(10)]
     mixed = [{**r, **SETTINGS[i % len(SETTINGS)]} for i, r in enumerate(rows)]
     own = {}
     for k, setting in enumerate(SETTINGS[:2]):  # the job's default (T = 1), and greedy
         inp = write_input(tmp_path / f"own{k}.jsonl", [{**r, **setting} for r in rows])
-        with count_compiles() as compiled:
-            assert run(pair, inp, tmp_path / f"own{k}.out", "--slots", "3") == 0
+        before = program.generate._cache_size()
+        assert run(pair, inp, tmp_path / f"own{k}.out", "--slots", "3") == 0
+        compiled = program.generate._cache_size() - before
         own[k] = by_id(tmp_path / f"own{k}.out")
     inp = write_input(tmp_path / "mixed.jsonl", mixed)
-    with count_compiles() as mixed_compiled:
-        assert run(pair, inp, tmp_path / "mixed.out", "--slots", "3") == 0
+    before = program.generate._cache_size()
+    assert run(pair, inp, tmp_path / "mixed.out", "--slots", "3") == 0
     capsys.readouterr()
-    assert mixed_compiled[0] == compiled[0] >= 1  # grouped by setting, it compiled five
+    # Grouped by setting, it would compile one per plan.
+    assert program.generate._cache_size() - before == compiled >= 1
     got = by_id(tmp_path / "mixed.out")
     for i in range(len(rows)):
         if i % len(SETTINGS) < 2:
@@ -178,6 +183,10 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
         (['{"id": "r", "prompt": "a", "top_p": 0}'], 'line 1 (id "r"): top_p'),
         (['{"id": 2, "prompt": "a", "top_k": -1}'], "line 1 (id 2): top_k"),
         (['{"id": 3, "prompt": "a", "min_p": 1}'], "line 1 (id 3): min_p"),
+        (['{"id": 4, "prompt": "a", "repetition_penalty": 0}'], "(id 4): repetition_penalty"),
+        (['{"id": 5, "prompt": "a", "presence_penalty": 3}'], "(id 5): presence_penalty"),
+        (['{"id": 6, "prompt": "a", "logit_bias": {"99999": 1}}'], "(id 6): 'logit_bias' names"),
+        (['{"id": 7, "prompt": "a", "logit_bias": {"x": 1}}'], "(id 7): logit_bias token ids"),
         (['{"id": 1, "prompt": "a", "colour": 3}'], "unknown field"),
         (['{"id": 1, "prompt": "a", "seed": -4}'], "'seed'"),
     ],

@@ -92,6 +92,8 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         (["x", "--temperature", "-1"], "temperature"),
         (["x", "--top-p", "2"], "top_p"),
         (["x", "--min-p", "1"], "min_p"),
+        (["x", "--repetition-penalty", "0"], "repetition_penalty"),
+        (["x", "--logit-bias", "5=1"], "--logit-bias must be ID:BIAS"),
         (["x", "--max-new-tokens", "5000"], "max_len"),
         (["x", "-k", "0"], "num_draft_tokens"),
     ],

@@ -249,6 +249,13 @@ class TestGreedy:
 
 
 T07_TOPP = SamplingConfig(0.7, top_p=0.9)
+REP = SamplingConfig(1.0, repetition_penalty=1.5)
+PRES_FREQ = SamplingConfig(0.7, presence_penalty=0.8, frequency_penalty=0.5, top_p=0.9)
+BIAS = SamplingConfig(1.0, logit_bias={3: 1.5, 0: -2.0})
+FREQ = SamplingConfig(1.0, frequency_penalty=1.0)
+REP_PRES = SamplingConfig(1.0, repetition_penalty=1.5, presence_penalty=0.5)
+FREQ_REP = SamplingConfig(0.7, frequency_penalty=1.0, repetition_penalty=1.3)
+PRES_BIAS = SamplingConfig(1.0, presence_penalty=1.0, logit_bias={1: 2.0})
 # Each case: (drafter, shape, name, options): the sampling (a tuple: settings mixed in one
 # program, row pair k taking setting k mod n), γ, EOS, the seed of the key, a schedule's
 # skip function or a tree. Every (drafter, shape) has a T = 1 case; the first is the one
@@ -314,6 +321,34 @@ CHI2 = [
     ("repeat", "block", "t1_g3", dict(gamma=3)),
     ("repeat", "slots", "t1", dict(gamma=2, eos=2)),
     ("repeat", "skip", "t1_skip_second", dict(skip=skip_second)),
+    # Logit bias and penalties: a drafted position counts the drafts before it.
+    ("draft", "chain", "t1_rep1.5_g3", dict(sampling=REP, gamma=3)),
+    ("draft", "chain", "t0.7_pres_freq_topp0.9_g3", dict(sampling=PRES_FREQ, gamma=3, seed=3)),
+    ("draft", "chain", "t1_bias_g2", dict(sampling=BIAS, gamma=2)),
+    ("draft", "block", "t1_freq1_g3", dict(sampling=FREQ, gamma=3)),
+    ("draft", "slots", "t1_rep_pres", dict(sampling=REP_PRES, gamma=2, eos=2, seed=12)),
+    (
+        "early_exit",
+        "chain",
+        "t0.7_rep1.5",
+        dict(sampling=SamplingConfig(0.7, repetition_penalty=1.5), gamma=3),
+    ),
+    (
+        "ngram",
+        "tree",
+        "t1_freq2",
+        dict(sampling=SamplingConfig(1.0, frequency_penalty=2.0), gamma=3),
+    ),
+    ("feature", "tree", "t0.7_freq_rep", dict(sampling=FREQ_REP, gamma=3, seed=4)),
+    ("eagle3", "chain", "t1_pres1_bias", dict(sampling=PRES_BIAS, gamma=3)),
+    (
+        "repeat",
+        "skip",
+        "mixed_penalties",
+        dict(
+            sampling=(SamplingConfig(0.7, repetition_penalty=1.4), T1, PRES_BIAS), skip=skip_second
+        ),
+    ),
 ]
 assert {(d, s) for d, s, *_ in CHI2} == set(CASES)
 SLOT_SAMPLES = 40_000  # through SLOT_SAMPLES * 2 / 5 slots: each takes two or three prompts
@@ -483,6 +518,39 @@ class TestWrongRule:
         p = pvalues(small["target"], seqs[0], T1, opts.get("eos"))
         print(f"\nWRONG RULE {drafter} {shape} {rule.__name__}: chi2_pvalues={p[0]:.3g} {p[1]:.3g}")
         assert max(p) < 1e-6, f"{rule.__name__} passed: p = {p}"
+
+
+class TestWrongCount:
+    """Penalties counting the wrong tokens fail the sampling test."""
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize(
+        "where", ["verify", "tree_round"], ids=["chain-drafts-uncounted", "tree-paths-uncounted"]
+    )
+    def test_counting_only_the_tokens_before_the_round_fails(self, small, monkeypatch, where):
+        """The verify's p at a drafted position without the drafts before it counted (as a
+        loop that counts only accepted tokens would): p < 1e-6."""
+        import importlib
+
+        from jax_specdec import penalties
+
+        module = importlib.import_module(f"jax_specdec.decode.{where}")
+        uncounted = lambda logits, sampling, seen, *_: penalties.adjust(logits, sampling, seen)  # noqa: E731
+        monkeypatch.setattr(module, "adjust", uncounted)
+        jax.clear_caches()  # the program is traced again with the wrong count
+        drafter, shape = ("draft", "chain") if where == "verify" else ("ngram", "tree")
+        # Frequency: n-gram drafts come from the prompt, where a repetition penalty
+        # already counts them.
+        sampling = SamplingConfig(1.0, frequency_penalty=2.0)
+        try:
+            seqs, _ = sample(small, drafter, shape, dict(sampling=sampling, gamma=3), seed=0)
+        finally:
+            jax.clear_caches()
+        p = pvalues(small["target"], seqs[0], sampling, None)
+        print(f"\nWRONG COUNT {where}: chi2_pvalues={p[0]:.3g} {p[1]:.3g}")
+        # The n-gram tree drafts for the second prompt's rows only (the first one's
+        # continuations rarely repeat it).
+        assert (max(p) if where == "verify" else p[1]) < 1e-6, f"uncounted drafts passed: {p}"
 
 
 # ---------------------------------------------------------------- rows

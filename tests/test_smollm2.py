@@ -18,6 +18,7 @@ from jax_specdec.decode.drafters.feature_head import attach_head
 from jax_specdec.decode.tree import Tree
 from jax_specdec.io import zoo
 from jax_specdec.io.hf import eos_token_id, load_model, load_tokenizer
+from jax_specdec.sampling import SamplingConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -104,25 +105,44 @@ def test_tokenizer_matches_transformers(ours, reference, text):
     assert ours[1].decode(ids, skip_special_tokens=False) == text
 
 
+def reference_greedy(ref_model, prompts, budget, **kw) -> list[list[int]]:
+    """transformers' greedy `generate` tokens after each prompt (EOS 2 stops a row)."""
+    out = []
+    for ids in prompts:
+        with torch.no_grad():
+            ids_out = ref_model.generate(
+                torch.tensor([ids]), max_new_tokens=budget, do_sample=False, eos_token_id=2, **kw
+            )
+        out.append(ids_out[0, len(ids) :].tolist())
+    return out
+
+
+def greedy_tokens(gen, prompts, budget) -> list[list[int]]:
+    out = gen(prompts, key=jax.random.key(0), max_new_tokens=budget)
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    return [tokens[b, : lengths[b]].tolist() for b in range(len(prompts))]
+
+
 def test_greedy_matches_transformers_generate(ours, reference):
+    """Autoregressive, n-gram and the shipped head's tree: transformers' greedy tokens;
+    with a repetition penalty of 1.3 (prompt and output counted), its
+    `generate(repetition_penalty=1.3)` tokens."""
     model, tok = ours
     ref_model = reference[0]
     prompts = [tok.encode(p).ids for p in PROMPTS]
-    expected = []
-    for ids in prompts:
-        with torch.no_grad():
-            out = ref_model.generate(
-                torch.tensor([ids]), max_new_tokens=64, do_sample=False, eos_token_id=2
-            )
-        expected.append(out[0, len(ids) :].tolist())
-    assert any(len(e) < 64 and e[-1] == 2 for e in expected)  # an EOS stop is covered
+    expected = reference_greedy(ref_model, prompts, 40)
+    assert any(len(e) < 40 and e[-1] == 2 for e in expected)  # an EOS stop is covered
     head = attach_head(HEAD, model, tok)
-    for draft, rounds in ((None, {}), (NGram(), {}), (head, dict(schedule=4, tree=Tree(8, 4, 2)))):
+    tree = dict(schedule=4, tree=Tree(8, 4, 2))
+    for draft, rounds in ((None, {}), (NGram(), {}), (head, tree)):
         gen = Generator(model, draft, eos_token_id=2, **rounds)
-        out = gen(prompts, key=jax.random.key(0), max_new_tokens=64)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        got = [tokens[b, : lengths[b]].tolist() for b in range(len(prompts))]
-        assert got == expected, f"draft={draft} {rounds}"
+        assert greedy_tokens(gen, prompts, 40) == expected, f"draft={draft} {rounds}"
+    penalised = reference_greedy(ref_model, prompts[1:3], 32, repetition_penalty=1.3)
+    assert penalised != [e[:32] for e in expected[1:3]], "the penalty changed nothing"
+    sampling = SamplingConfig(0.0, repetition_penalty=1.3)
+    for draft, rounds in ((None, {}), (head, tree)):
+        gen = Generator(model, draft, eos_token_id=2, sampling=sampling, **rounds)
+        assert greedy_tokens(gen, prompts[1:3], 32) == penalised, f"draft={draft}"
 
 
 def test_convert_loads_in_transformers(ours, gguf_path, tmp_path):

@@ -2,9 +2,11 @@
 
 Input (`input`): one JSON object per line with an `id` (string or integer, unique) and
 one of a `prompt` (text), `tokens` (ids) or `messages` (role/content objects, rendered
-by the target's chat template); optionally `seed` (integer >= 0),
-`temperature`, `top_k`, `top_p`, `min_p` and `max_new_tokens` overriding the job's defaults. Every
-input line is checked when the file is read, before anything is compiled or written.
+by the target's chat template); optionally `seed` (integer >= 0), `temperature`,
+`top_k`, `top_p`, `min_p`, `repetition_penalty`, `presence_penalty`,
+`frequency_penalty`, `logit_bias` (an object {"id": bias}) and `max_new_tokens`
+overriding the job's defaults. Every input line is checked when the file is read,
+before anything is compiled or written.
 
 Output (`output`): one JSON object per finished row, `{"id", "seed", "tokens", "text",
 "finish_reason", "stats"}` ("eos": it emitted a stop id; "length": its budget),

@@ -17,7 +17,16 @@ from jax_specdec.sampling import SamplingConfig
 
 __all__ = ["JobError", "JobRow", "derive_seed", "read_rows"]
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
 _PROMPT_FIELDS = ("prompt", "tokens", "messages")
 _KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", *_SAMPLING_FIELDS}
 
@@ -72,6 +81,12 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
         row_sampling = dataclasses.replace(sampling, **overrides) if overrides else sampling
     except (ValueError, TypeError) as e:
         raise JobError(f"line {line} (id {json.dumps(row_id)}): {e}") from None
+    outside = [t for t, _ in row_sampling.logit_bias if t >= defaults["vocab_size"]]
+    if outside:
+        raise JobError(
+            f"line {line} (id {json.dumps(row_id)}): 'logit_bias' names token ids outside "
+            f"[0, {defaults['vocab_size']}): {outside}"
+        )
     new = obj.get("max_new_tokens", max_new_tokens)
     if isinstance(new, bool) or not isinstance(new, int) or not 1 <= new <= INT32_MAX:
         raise JobError(f"line {line}: 'max_new_tokens' must be an integer in [1, {INT32_MAX}]")

@@ -123,8 +123,8 @@ class BatchSettings:
                 "temperature": decode.sampling.temperature,
                 "top_k": decode.sampling.top_k,
                 "top_p": decode.sampling.top_p,
-                # only when set: job files written before min-p existed still resume
-                **({"min_p": decode.sampling.min_p} if decode.sampling.min_p else {}),
+                # only when set: job files written before they existed still resume
+                **_set_only(decode.sampling),
                 "max_new_tokens": self.max_new_tokens,
                 "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
             },
@@ -237,3 +237,13 @@ def _check_writable(flag: str, path: pathlib.Path) -> None:
         raise ValueError(f"{flag}: {path} is a directory; give a file in it")
     if not path.parent.is_dir():
         raise ValueError(f"{flag}: the directory {path.parent} does not exist")
+
+
+def _set_only(sampling) -> dict:
+    """The sampling defaults added after the first job files, where they are not off."""
+    off = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0}
+    off |= {"frequency_penalty": 0.0, "logit_bias": ()}
+    out = {k: getattr(sampling, k) for k, v in off.items() if getattr(sampling, k) != v}
+    if "logit_bias" in out:
+        out["logit_bias"] = {str(t): b for t, b in out["logit_bias"]}
+    return out

@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
         "batch",
         help="a resumable JSONL generation job (one result line per input row)",
         description="Input lines: {id, prompt | tokens | messages, [seed, temperature, top_k, "
-        "top_p, min_p, max_new_tokens]}. Output lines: {id, seed, tokens, text, "
+        "top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, "
+        "max_new_tokens]}. Output lines: {id, seed, tokens, text, "
         "finish_reason, stats}. A restarted job skips finished ids; a row depends only on the "
         "job seed and its id (or its seed).",
     )

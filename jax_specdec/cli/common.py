@@ -86,6 +86,33 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
         help="keep tokens at least this times as probable as the most probable (0 = off)",
     )
     parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide a positive logit (multiply a negative one) of every token of the prompt "
+        "and the output so far by this, as transformers (1 = off)",
+    )
+    parser.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="subtract this from the logit of every token generated so far, as the OpenAI "
+        "API, in [-2, 2] (0 = off)",
+    )
+    parser.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="subtract this times its count from the logit of every token generated so far, "
+        "as the OpenAI API, in [-2, 2] (0 = off)",
+    )
+    parser.add_argument(
+        "--logit-bias",
+        default="",
+        metavar="ID:BIAS[,ID:BIAS...]",
+        help="add BIAS (in [-100, 100]) to token ID's logit",
+    )
+    parser.add_argument(
         "--eos",
         default="auto",
         help="ids that end a row: 'auto' (every end-of-sequence and end-of-turn id the model "

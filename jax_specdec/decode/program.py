@@ -21,6 +21,7 @@ from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
 from jax_specdec.decode.stats import GenerationOutput, init_stats, nonfinite
 from jax_specdec.decode.tree_round import tree_round
+from jax_specdec.penalties import Seen, adjust
 
 __all__ = ["generate", "init_state"]
 
@@ -42,6 +43,8 @@ def init_state(
     if config.drafter is not None:
         extra = {"features": hidden[0]} if features else {}
         draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config, **extra)
+    seen = Seen.of(prompts, prompt_lengths, config.vocab_size) if sampling.plan.penalties else None
+    last = adjust(last, sampling, seen)
     first = choose(round_keys(keys, 0), last, sampling.probs(last), sampling)
     buffer_len = width + config.max_new_tokens + config.gamma_max + 1
     zeros = jnp.zeros((batch,), jnp.int32)
@@ -59,6 +62,7 @@ def init_state(
         last_gamma=zeros,
         last_accepted=zeros,
         stats=init_stats(batch, config.gamma_max, nonfinite(last)),
+        seen=seen,
     )
     return emit(state, first[:, None], jnp.ones((batch,), jnp.int32), config)
 

@@ -117,6 +117,14 @@ def make_request(
                 f"prompts[{b}] has token ids outside [0, {vocab_size}): "
                 f"min {int(row.min())}, max {int(row.max())}"
             )
+    outside = np.flatnonzero((settings.bias_ids >= vocab_size).any(axis=-1))
+    if outside.size:
+        b = int(outside[0])
+        ids = sorted(int(i) for i in settings.bias_ids[b] if i >= vocab_size)
+        raise ValueError(
+            f"sampling[{b}].logit_bias names token ids outside the vocabulary "
+            f"[0, {vocab_size}): {ids}"
+        )
     padded = np.zeros((len(rows), int(width)), np.int32)
     for b, row in enumerate(rows):
         padded[b, : row.size] = row
@@ -246,7 +254,7 @@ def longest_first(budgets: np.ndarray) -> np.ndarray:
 def queue_rows(arrays, num_slots: int):
     """Prompts, lengths, keys, budgets and sampling padded to S·2^k rows for `num_slots`
     = S (so a different number of prompts in the same bucket reuses the program): padding
-    rows have a one-token prompt, budget 0 (never loaded) and the first row's sampling."""
+    rows have a one-token prompt, budget 0 (never loaded) and the last row's sampling."""
     prompts, lengths, keys, budgets, sampling = arrays
     rows = num_slots * 2 ** math.ceil(math.log2(prompts.shape[0] / num_slots))
     extra = rows - prompts.shape[0]
@@ -257,7 +265,9 @@ def queue_rows(arrays, num_slots: int):
         np.pad(lengths, (0, extra), constant_values=1),
         jnp.concatenate([keys, jax.random.split(keys[0], extra)]),
         np.pad(budgets, (0, extra)),
-        jax.tree.map(lambda a: np.pad(a, (0, extra), mode="edge"), sampling),
+        jax.tree.map(
+            lambda a: np.pad(a, [(0, extra)] + [(0, 0)] * (a.ndim - 1), mode="edge"), sampling
+        ),
     )
 
 

@@ -20,6 +20,7 @@ from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target
 from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
 from jax_specdec.decode.state import (
     LoopState,
+    drafter_sampling,
     emit,
     gather_last,
     record_round,
@@ -29,6 +30,7 @@ from jax_specdec.decode.state import (
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.verify import verify
 from jax_specdec.nn import write_entries
+from jax_specdec.penalties import adjust
 
 __all__ = ["autoregressive_step", "speculative_round", "then_skipping"]
 
@@ -61,7 +63,7 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
     fixed = schedule.min_gamma == schedule.max_gamma  # static: a constant γ
     want = jnp.int32(gamma_max) if fixed else _widest(gammas, active, gamma_max)
     inputs = DraftInputs(
-        state.tokens, state.lengths, state.done, noise.draft_keys, want, state.sampling
+        state.tokens, state.lengths, state.done, noise.draft_keys, want, drafter_sampling(state)
     )
     draft_cache, prepared, cap = drafter.prepare(draft, state.draft_cache, inputs, config)
     counts = gammas if cap is None else jnp.minimum(gammas, cap)
@@ -107,6 +109,8 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
     wanted = target_features(config.drafter) if absorbs else False
     logits, cache, *features = target.decode(pending, cache, features=wanted)
     logits = logits[:, 0, : config.vocab_size]
+    bad = nonfinite(logits)
+    logits = adjust(logits, state.sampling, state.seen)
     token = pick(logits, state.sampling.probs(logits))
     active = ~state.done
     ones = jnp.ones_like(state.lengths)
@@ -118,9 +122,7 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
         )
         state = state.replace(draft_cache=draft_cache)
     none = jnp.zeros_like(state.lengths)
-    return record_round(
-        state, active=active, width=0, counts=none, accepted=none, bad=nonfinite(logits)
-    )
+    return record_round(state, active=active, width=0, counts=none, accepted=none, bad=bad)
 
 
 def autoregressive_step(target, state: LoopState, config: LoopConfig) -> LoopState:

@@ -28,6 +28,7 @@ from jax_specdec.decode.stats import (
     nonfinite,
 )
 from jax_specdec.nn.transformer import feature_size
+from jax_specdec.penalties import Seen, adjust
 from jax_specdec.sampling import RowSampling
 
 __all__ = ["Queue", "finish_slots", "init_slots", "refill", "running"]
@@ -106,6 +107,12 @@ def init_slots(
             target_calls=jnp.zeros((), jnp.int32)
         ),
         queue=queue,
+        seen=Seen(
+            jnp.zeros((slots, config.vocab_size), jnp.int32),
+            jnp.zeros((slots, config.vocab_size), bool),
+        )
+        if sampling.plan.penalties
+        else None,
     )
     return refill(target, draft, state, config)
 
@@ -151,7 +158,12 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     last = last[:, : config.vocab_size]  # [1, V]
     key = q.keys[n][None]
     sampling = q.sampling.at(n[None])
-    first = choose(round_keys(key, 0), last, sampling.probs(last), sampling)
+    seen = state.seen  # the slot's count starts again from its new prompt
+    if seen is not None:
+        seen = seen.reset(slot, prompt, length[0])
+    one = None if seen is None else Seen.of(prompt, length, config.vocab_size)
+    first_logits = adjust(last, sampling, one)
+    first = choose(round_keys(key, 0), first_logits, sampling.probs(first_logits), sampling)
     draft_cache = state.draft_cache
     if config.drafter is not None:
         extra = {"features": features[:, : prompt.shape[1]]} if reads else {}
@@ -163,6 +175,7 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
         target_cache=load_row(state.target_cache, row, slot, length[0]),
         draft_cache=draft_cache,
         queue=q.replace(next=n + 1, row=q.row.at[slot].set(n)),
+        seen=seen,
     )
     row = (prompt[0], length[0], q.budgets[n], q.keys[n], sampling)
     state = _reset_row(state, slot, row, last)

@@ -36,6 +36,7 @@ __all__ = [
     "LoopState",
     "emit",
     "finish",
+    "drafter_sampling",
     "gather_last",
     "load_row",
     "new_cache",
@@ -67,6 +68,8 @@ class LoopState:
       stats: `GenerationStats`, the per-row counters returned to the caller.
       queue: with slots, the prompts waiting and the finished rows' outputs
         (`slots.Queue`); None without.
+      seen: the tokens before each row's next position (`penalties.Seen`) when a row
+        uses a penalty (`sampling.plan.penalties`); None otherwise.
     """
 
     tokens: jax.Array
@@ -83,6 +86,7 @@ class LoopState:
     last_accepted: jax.Array
     stats: GenerationStats
     queue: Any = None
+    seen: Any = None
 
     @property
     def generated(self) -> jax.Array:
@@ -168,6 +172,12 @@ def written_after(positions: jax.Array, lengths: jax.Array) -> jax.Array:
     return jnp.minimum(positions, lengths + 2**30)
 
 
+def drafter_sampling(state: LoopState) -> RowSampling:
+    """The rows' sampling as a drafter sees it: with the tokens seen, so that its q takes
+    the rows' penalties (`RowSampling.adjust`)."""
+    return state.sampling if state.seen is None else state.sampling.replace(seen=state.seen)
+
+
 def gather_last(tokens: jax.Array, lengths: jax.Array, count: int) -> jax.Array:
     """tokens[b, lengths[b] - count : lengths[b]] -> [B, count]."""
     idx = lengths[:, None] - count + jnp.arange(count, dtype=jnp.int32)
@@ -197,7 +207,8 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState
     tokens = state.tokens.at[rows, positions].set(new_tokens, mode="drop")
     lengths = state.lengths + count
     done = state.done | hit_eos | (lengths - state.prompt_lengths >= state.budgets)
-    return state.replace(tokens=tokens, lengths=lengths, done=done)
+    seen = None if state.seen is None else state.seen.emit(new_tokens, count)
+    return state.replace(tokens=tokens, lengths=lengths, done=done, seen=seen)
 
 
 def record_round(state: LoopState, *, active, width: int, counts, accepted, bad) -> LoopState:

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target_features
 from jax_specdec.decode.noise import round_keys
-from jax_specdec.decode.state import LoopState, emit, gather_last, record_round, written_after
+from jax_specdec.decode.state import (
+    LoopState,
+    drafter_sampling,
+    emit,
+    gather_last,
+    record_round,
+    written_after,
+)
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.tree import (
     TreeProposal,
@@ -28,6 +35,7 @@ from jax_specdec.decode.tree import (
     tree_draws,
 )
 from jax_specdec.nn import write_entries
+from jax_specdec.penalties import adjust
 
 __all__ = ["tree_round"]
 
@@ -57,7 +65,9 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
         tree=(depths(mask), mask),
     )
     logits = logits[..., : config.vocab_size]
-    found = config.acceptance(logits, draws, proposal, state.sampling, config.tree.depth)
+    # Node v follows the pending token and its path's drafts (itself included): seen.
+    adjusted = adjust(logits, state.sampling, state.seen, proposal.tokens, mask[:, :, 1:])
+    found = config.acceptance(adjusted, draws, proposal, state.sampling, config.tree.depth)
     return (
         found,
         logits,
@@ -72,7 +82,12 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
     draft_keys, draws = _noise(state, config)
     active = ~state.done
     inputs = DraftInputs(
-        state.tokens, state.lengths, state.done, draft_keys, jnp.int32(depth), state.sampling
+        state.tokens,
+        state.lengths,
+        state.done,
+        draft_keys,
+        jnp.int32(depth),
+        drafter_sampling(state),
     )
     draft_cache, prepared, _ = drafter.prepare(draft, state.draft_cache, inputs, config)
     proposal = drafter.propose_tree(draft, draft_cache, inputs, prepared, config.tree, config)

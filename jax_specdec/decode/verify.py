@@ -16,6 +16,7 @@ from jax_specdec.decode.drafters.base import Proposal, reads_features, target_fe
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite
+from jax_specdec.penalties import adjust
 
 __all__ = ["verify"]
 
@@ -49,6 +50,10 @@ def verify(
     )
     logits = logits[..., : config.vocab_size]
     counts = jnp.minimum(counts, width)
+    bad = nonfinite(logits) | proposal.bad
+    # Position t follows the pending token and drafts 0 … t - 1: they count as seen.
+    before = jnp.tril(jnp.ones((width + 1, width), bool), -1)
+    logits = adjust(logits, state.sampling, state.seen, proposal.tokens, before)
     if width == 0:
         first = logits[:, 0]
         token = draw(noise.draws, first, state.sampling.probs(first), state.sampling)
@@ -70,7 +75,7 @@ def verify(
         width=width,
         counts=counts,
         accepted=accepted,
-        bad=nonfinite(logits) | proposal.bad,
+        bad=bad,
     )
     size = config.gamma_max + 1
     features = None

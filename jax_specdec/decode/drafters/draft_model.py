@@ -11,7 +11,7 @@ written after the round; a rejection is rolled back by the length alone.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,10 +37,19 @@ def _step(model, config, sampling, cache, recent, tokens, key):
     a NaN flag [B] and the draft's confidence in x (`_confidence`)."""
     logits, keys, values = model.decode_entries(tokens, cache, recent)
     logits = logits[:, -1, : config.vocab_size]
+    bad = nonfinite(logits)
+    logits = sampling.adjust(logits)  # the rows' bias and penalties (seen: `_count`)
     q = sampling.probs(logits)  # [B, V]
     x = choose(key, logits, q, sampling)
     conf = jnp.take_along_axis(_confidence(logits, q, sampling), x[:, None], axis=1)[:, 0]
-    return x, q, (keys, values), nonfinite(logits), conf
+    return x, q, (keys, values), bad, conf
+
+
+def _count(sampling, x):
+    """`sampling` with the drafted tokens x [B] counted as seen (for the next step's q)."""
+    if sampling.seen is None:
+        return sampling
+    return sampling.replace(seen=sampling.seen.emit(x[:, None], jnp.ones_like(x)))
 
 
 def _confidence(logits, q, sampling):
@@ -135,11 +144,13 @@ class DraftModel:
             )
         cache, (x, q, entries, bad, _) = _first_step(model, config, cache, inputs)
         xs, qs = [x], [q]
+        sampling = inputs.sampling
         # Unrolled: γ is small, and a rolled loop cost more on CPU.
         for i in range(1, width):
             recent = (*entries, jnp.full_like(inputs.lengths, entries[0][0].shape[1]))
+            sampling = _count(sampling, x)
             x, q, new, step_bad, _ = _step(
-                model, config, inputs.sampling, cache, recent, x[:, None], inputs.keys[:, i]
+                model, config, sampling, cache, recent, x[:, None], inputs.keys[:, i]
             )
             entries = tuple(
                 tuple(jnp.concatenate([a, b], axis=1) for a, b in zip(old, fresh, strict=True))
@@ -200,6 +211,7 @@ class EarlyExit(DraftModel):
             conf >= self.threshold,
             jnp.ones((batch,), jnp.int32),
             bad,
+            _count(inputs.sampling, x),
         )
 
         def cond(c: _Carry):
@@ -209,7 +221,7 @@ class EarlyExit(DraftModel):
             key = jax.lax.dynamic_index_in_dim(inputs.keys, c.i, axis=1, keepdims=False)
             recent = (*c.entries, jnp.full_like(inputs.lengths, c.i + 1))
             x, q, new, step_bad, conf = _step(
-                model, config, inputs.sampling, cache, recent, c.x[:, None], key
+                model, config, c.sampling, cache, recent, c.x[:, None], key
             )
             put = lambda a, b: jax.lax.dynamic_update_slice_in_dim(a, b, c.i + 1, axis=1)  # noqa: E731
             return _Carry(
@@ -221,6 +233,7 @@ class EarlyExit(DraftModel):
                 going=c.going & (conf >= self.threshold),
                 counts=c.counts + c.going,
                 bad=c.bad | (c.going & step_bad),
+                sampling=_count(c.sampling, x),
             )
 
         c = jax.lax.while_loop(cond, body, carry)
@@ -238,3 +251,4 @@ class _Carry(NamedTuple):
     going: jax.Array  # [B] still drafting
     counts: jax.Array  # [B] tokens drafted
     bad: jax.Array  # [B] NaN/inf met
+    sampling: Any  # the rows' `RowSampling`, the drafts so far counted as seen

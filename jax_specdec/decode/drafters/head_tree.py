@@ -54,11 +54,13 @@ def propose_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> 
 
 
 def kept_probs(model, logits, config, sampling):
-    """Kept-token logits [B, ..., K] -> q [B, ..., V]: the softmax over the kept tokens
-    after each row's sampling transforms, zero elsewhere."""
+    """Kept-token logits [B, ..., K] -> (full logits [B, ..., V], q [B, ..., V]): the
+    kept tokens' logits after the rows' bias and penalties (`RowSampling.adjust`), -inf
+    elsewhere, and their softmax after each row's sampling transforms."""
     ids = model.head.vocab_map[...]
     full = jnp.full((*logits.shape[:-1], config.vocab_size), -jnp.inf, jnp.float32)
     full = full.at[..., ids].set(logits.astype(jnp.float32), unique_indices=True)
+    full = sampling.adjust(full)
     return full, sampling.probs(full)
 
 
