@@ -351,7 +351,7 @@ CHI2 = [
     ),
 ]
 assert {(d, s) for d, s, *_ in CHI2} == set(CASES)
-SLOT_SAMPLES = 40_000  # through SLOT_SAMPLES * 2 / 5 slots: each takes two or three prompts
+SLOT_SAMPLES = 20_000  # through SLOT_SAMPLES * 2 / 5 slots: each takes two or three prompts
 
 
 def sample(models, drafter, shape, opts, seed=None, **settings):
