@@ -10,6 +10,7 @@ from jax_specdec.decode import (
     Run,
     as_drafter,
     autoregressive_generate,
+    score,
     speculative_generate,
 )
 from jax_specdec.exact import one_position, round_distribution
@@ -44,5 +45,6 @@ __all__ = [
     "probs_from_logits",
     "round_distribution",
     "save_head",
+    "score",
     "speculative_generate",
 ]

@@ -3,10 +3,11 @@ sampling) against the same rows run group by group, one program and one pass thr
 slots per setting (what `jax-specdec batch` did before sampling settings were per row).
 
     python scripts/mixed_bench.py [--rows 256] [--slots 16] [--repeats 3] [--draft ngram]
-        [--settings 4|4t|16]
+        [--settings 4|4t|4p|16]
 
 Settings in turn by row: greedy, T = 0.7, T = 1 with top-p 0.9, T = 1 with top-k 50
-(`--settings 4t`: temperatures 0.5, 0.7, 0.9, 1; `16`: temperatures 0, 0.1, …, 1.5);
+(`--settings 4t`: temperatures 0.5, 0.7, 0.9, 1; `4p`: four settings with penalties and
+a logit bias; `16`: temperatures 0, 0.1, …, 1.5);
 budgets geometric (mean 32, cap 256, as a workload ended by EOS). Both ways run once
 (compiling: its seconds are recorded), then interleaved `--repeats` times; tokens/s and
 slot occupancy, medians. Writes bench_out/mixed_bench.json (git-ignored; or --out) and
@@ -34,7 +35,13 @@ FOUR = [
 ]
 SIXTEEN = [{"temperature": t / 10} for t in range(16)]
 TEMPERATURES = [{"temperature": t} for t in (0.5, 0.7, 0.9, 1.0)]
-SETTINGS = {"4": FOUR, "16": SIXTEEN, "4t": TEMPERATURES}
+PENALTIES = [
+    {"temperature": 0, "repetition_penalty": 1.2},
+    {"temperature": 0.7, "presence_penalty": 0.5},
+    {"temperature": 1, "top_p": 0.9, "frequency_penalty": 0.5},
+    {"temperature": 1, "logit_bias": {"0": -5.0}},
+]
+SETTINGS = {"4": FOUR, "16": SIXTEEN, "4t": TEMPERATURES, "4p": PENALTIES}
 
 
 def job_lines(prompts, rows: int, settings: list[dict]) -> list[dict]:
@@ -63,8 +70,9 @@ def read(path, tokenizer, target):
 
 
 def timed(groups, generate, slots, work, tag) -> dict:
-    """One pass over the groups (each a list of rows, one job each): tokens, seconds."""
-    tokens = seconds = rounds = 0.0
+    """One pass over the groups (each a list of rows, one job each): tokens, seconds,
+    tokens per round."""
+    tokens = seconds = rounds = row_rounds = after_first = 0.0
     for g, rows in enumerate(groups):
         out = work / f"{tag}-{g}.jsonl"
         out.unlink(missing_ok=True)
@@ -75,10 +83,14 @@ def timed(groups, generate, slots, work, tag) -> dict:
         tokens += summary["tokens"]
         seconds += summary["seconds"]
         rounds += summary["occupancy"] * summary["seconds"]
+        # tokens per round counts the tokens after each row's first (the prefill's)
+        after_first += summary["tokens"] - summary["rows_run"]
+        row_rounds += (summary["tokens"] - summary["rows_run"]) / summary["tokens_per_round"]
     return {
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds,
+        "tokens_per_round": after_first / row_rounds,
         "occupancy": rounds / seconds,  # time-weighted over the groups
     }
 
@@ -129,11 +141,13 @@ def main() -> None:
             f"{median[n]:.0f}",
             f"{median[n] / median['grouped']:.2f}",
             f"{occupancy[n]:.2f}",
+            f"{runs[n][0]['tokens_per_round']:.2f}",
             f"{compiling[n]['seconds']:.0f}",
         ]
         for n in ways
     ]
-    header = ["way", "tokens/s (median)", "over grouped", "occupancy", "first pass s"]
+    header = ["way", "tokens/s (median)", "over grouped", "occupancy", "tokens/round"]
+    header.append("first pass s")
     print(markdown_table(header, table))
 
 

@@ -19,6 +19,7 @@ The modules, in the order a round runs through them:
 - `tree`, `tree_round`, `tree_accept`: token trees (shape, mask, walk), the tree round,
   their exact acceptance (the walk; recursive rejection for sampled trees).
 - `stats`: `GenerationOutput` and `GenerationStats`.
+- `score`: the log-likelihood of given continuations, one forward pass (no loop).
 """
 
 from jax_specdec.decode.api import Generator, Run
@@ -33,6 +34,7 @@ from jax_specdec.decode.drafters import (
     as_drafter,
 )
 from jax_specdec.decode.oneshot import autoregressive_generate, speculative_generate
+from jax_specdec.decode.score import Scores, score
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 
 __all__ = [
@@ -47,7 +49,9 @@ __all__ = [
     "NGram",
     "Proposal",
     "Run",
+    "Scores",
     "as_drafter",
     "autoregressive_generate",
+    "score",
     "speculative_generate",
 ]
