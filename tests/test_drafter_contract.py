@@ -561,9 +561,10 @@ class TestRows:
 
     @pytest.mark.parametrize("drafter,shape", _params(CASES, QUICK_ROWS))
     def test_tokens_do_not_depend_on_the_neighbours(self, small, drafter, shape):
-        """At T = 0.9 with one key per row: the same keys give the same tokens; a row alone
-        gets the tokens it gets in the batch; through slots (one and two; two for a tree)
-        every row gets its tokens and acceptance counts of the batch without slots."""
+        """At T = 0.9 with one key per row: the same keys give the same tokens; two rows
+        in a batch of their own get the tokens they get in the batch of six; through slots
+        (one and two; two for a tree) every row gets its tokens and acceptance counts of
+        the batch without slots."""
         gen = generator(small, drafter, shape, sampling=SamplingConfig(0.9))
         prompts = [(p * 2)[:8] for p in ragged_prompts(6, VOCAB, seed=5)]
         budgets = [12, 5, 12, 9, 12, 3]
@@ -579,10 +580,16 @@ class TestRows:
             np.testing.assert_array_equal(
                 np.asarray(got.stats.accepted_at), np.asarray(whole.stats.accepted_at)
             )
-        for row in (1, 4):
-            alone = gen([prompts[row]], key=keys[row : row + 1], max_new_tokens=budgets[row])
+        # Rows 1 and 4 as a batch of their own (one program): other neighbours, same tokens.
+        pick = [1, 4]
+        apart = gen(
+            [prompts[r] for r in pick],
+            key=keys[np.asarray(pick)],
+            max_new_tokens=[budgets[r] for r in pick],
+        )
+        for i, row in enumerate(pick):
             n = int(whole.lengths[row])
-            assert int(alone.lengths[0]) == n
+            assert int(apart.lengths[i]) == n
             np.testing.assert_array_equal(
-                np.asarray(alone.tokens)[0, :n], np.asarray(whole.tokens)[row, :n]
+                np.asarray(apart.tokens)[i, :n], np.asarray(whole.tokens)[row, :n]
             )

@@ -19,7 +19,7 @@ TOPP = SamplingConfig(0.8, top_p=0.9)
 # name: (draft kind, Generator settings); EOS 5 on, so rows end at different rounds. The
 # drafters' own slot cases (each drafter at a constant γ, greedy and sampled, one and two
 # slots) are the contract's; here: plain decoding, and schedules that vary γ per row or
-# skip drafting, through 1, 2, 3 and 7 slots.
+# skip drafting, through 1, 3 and 7 slots.
 SETUPS = {
     "autoregressive_t1": (None, dict(sampling=T1)),
     "autoregressive_greedy": (None, {}),
@@ -48,7 +48,7 @@ def test_any_slot_count_gives_the_tokens_a_prompt_gets_alone(target, draft, name
     prompts = ragged_prompts(len(BUDGETS), VOCAB, seed=3)
     call = dict(key=jax.random.key(4), max_new_tokens=BUDGETS)
     alone = outputs(g(prompts, **call))
-    for slots in (1, 2, 3, len(prompts)):
+    for slots in (1, 3, len(prompts)):
         got = outputs(g(prompts, num_slots=slots, **call))
         for a, b in zip(alone, got, strict=True):
             np.testing.assert_array_equal(a, b, err_msg=f"num_slots={slots}")
