@@ -46,13 +46,18 @@ class Seen:
     prompt: jax.Array
 
     @classmethod
+    def empty(cls, batch: int, vocab: int) -> Seen:
+        """No prompt and nothing generated (slots before their first prompt)."""
+        return cls(jnp.zeros((batch, vocab), jnp.int32), jnp.zeros((batch, vocab), bool))
+
+    @classmethod
     def of(cls, prompts: jax.Array, lengths: jax.Array, vocab: int) -> Seen:
         """Nothing generated yet, after prompts [B, P] of lengths [B]."""
         batch, width = prompts.shape
         valid = jnp.arange(width)[None] < lengths[:, None]
         rows = jnp.arange(batch)[:, None]
-        prompt = jnp.zeros((batch, vocab), bool).at[rows, prompts].max(valid, mode="drop")
-        return cls(jnp.zeros((batch, vocab), jnp.int32), prompt)
+        empty = cls.empty(batch, vocab)
+        return empty.replace(prompt=empty.prompt.at[rows, prompts].max(valid, mode="drop"))
 
     def emit(self, tokens: jax.Array, count: jax.Array) -> Seen:
         """After the first count[b] of tokens [B, W] were emitted in row b."""

@@ -107,12 +107,7 @@ def init_slots(
             target_calls=jnp.zeros((), jnp.int32)
         ),
         queue=queue,
-        seen=Seen(
-            jnp.zeros((slots, config.vocab_size), jnp.int32),
-            jnp.zeros((slots, config.vocab_size), bool),
-        )
-        if sampling.plan.penalties
-        else None,
+        seen=Seen.empty(slots, config.vocab_size) if sampling.plan.penalties else None,
     )
     return refill(target, draft, state, config)
 
