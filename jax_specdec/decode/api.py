@@ -3,6 +3,7 @@ and its bound calls (`Run`); `decode.oneshot` holds the one-call forms."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -15,6 +16,7 @@ from jax.sharding import Mesh
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.resolve import as_drafter
+from jax_specdec.decode.logprobs import LogprobSpec
 from jax_specdec.decode.memory import MemoryPlan, device_memory, plan_memory
 from jax_specdec.decode.request import (
     Request,
@@ -165,6 +167,8 @@ class Generator:
         prompt_lengths=None,
         num_slots=None,
         sampling=None,
+        logprobs: int | None = None,
+        logprob_kind: str = "processed",
     ) -> Run:
         """Validates and places one call's inputs; returns the `Run` that generates.
 
@@ -183,6 +187,13 @@ class Generator:
           sampling: one `SamplingConfig`, one per prompt, or a `RowSampling` of one row
             per prompt (rows of several settings run in one program, each row sampled
             by its own); None: the Generator's.
+          logprobs: record each generated token's log-probability and its `logprobs`
+            most likely alternatives (0: the token's alone; at most 20), from the target
+            calls the generation makes anyway (`decode.logprobs`); in the output's
+            `logprobs`. None: not recorded.
+          logprob_kind: "processed" (the distribution the row samples from: bias,
+            penalties, temperature, top-k/top-p/min-p; a greedy row's at temperature 1)
+            or "raw" (the model's own).
         """
         sampling = self.sampling if sampling is None else sampling
         request = make_request(
@@ -199,7 +210,8 @@ class Generator:
                 )
         for name, model in self._models:
             _check_fits(model, name, request)
-        config = self._config(request, num_slots)
+        spec = None if logprobs is None else LogprobSpec(logprobs, logprob_kind)
+        config = dataclasses.replace(self._config(request, num_slots), logprobs=spec)
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
         plan = self._memory_plan(config, args.prompts.shape[0] if num_slots is None else num_slots)
@@ -273,6 +285,8 @@ class Generator:
         prompt_lengths=None,
         num_slots=None,
         sampling=None,
+        logprobs: int | None = None,
+        logprob_kind: str = "processed",
     ):
         """Generates: `bind(...)` and run, with a warning if NaN/inf logits were met."""
         run = self.bind(
@@ -282,6 +296,8 @@ class Generator:
             prompt_lengths=prompt_lengths,
             num_slots=num_slots,
             sampling=sampling,
+            logprobs=logprobs,
+            logprob_kind=logprob_kind,
         )
         return _checked(run())
 

@@ -43,6 +43,8 @@ class LoopConfig:
       tree: a `decode.tree.Tree`: every round drafts a token tree of that shape and
         verifies it in one call (`decode.tree_round`); its depth is the schedule's
         constant γ. None: chains.
+      logprobs: record each emitted token's log-probability and its top alternatives
+        (`decode.logprobs.LogprobSpec`); None: not recorded.
     """
 
     target_def: Any
@@ -58,6 +60,7 @@ class LoopConfig:
     num_slots: int | None = None
     acceptance: Callable = accept_with_noise
     tree: Any = None
+    logprobs: Any = None
 
     @property
     def gamma_max(self) -> int:

@@ -15,6 +15,7 @@ from flax import nnx
 
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import target_features
+from jax_specdec.decode.logprobs import Logprobs, token_logprobs
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
 from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
@@ -44,9 +45,12 @@ def init_state(
         extra = {"features": hidden[0]} if features else {}
         draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config, **extra)
     seen = Seen.of(prompts, prompt_lengths, config.vocab_size) if sampling.plan.penalties else None
-    last = adjust(last, sampling, seen)
-    first = choose(round_keys(keys, 0), last, sampling.probs(last), sampling)
+    adjusted = adjust(last, sampling, seen)
+    first = choose(round_keys(keys, 0), adjusted, sampling.probs(adjusted), sampling)
     buffer_len = width + config.max_new_tokens + config.gamma_max + 1
+    spec = config.logprobs
+    logprobs = None if spec is None else Logprobs.empty(batch, buffer_len, spec.top)
+    scores = token_logprobs(last[:, None], adjusted[:, None], first[:, None], sampling, spec)
     zeros = jnp.zeros((batch,), jnp.int32)
     state = LoopState(
         tokens=jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(prompts),
@@ -63,8 +67,9 @@ def init_state(
         last_accepted=zeros,
         stats=init_stats(batch, config.gamma_max, nonfinite(last)),
         seen=seen,
+        logprobs=logprobs,
     )
-    return emit(state, first[:, None], jnp.ones((batch,), jnp.int32), config)
+    return emit(state, first[:, None], jnp.ones((batch,), jnp.int32), config, scores)
 
 
 def _loop_body(target, draft, config: LoopConfig):

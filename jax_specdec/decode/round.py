@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target_features
+from jax_specdec.decode.logprobs import token_logprobs
 from jax_specdec.decode.noise import choose, draw, round_keys, round_noise
 from jax_specdec.decode.state import (
     LoopState,
@@ -110,12 +111,15 @@ def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) 
     logits, cache, *features = target.decode(pending, cache, features=wanted)
     logits = logits[:, 0, : config.vocab_size]
     bad = nonfinite(logits)
-    logits = adjust(logits, state.sampling, state.seen)
-    token = pick(logits, state.sampling.probs(logits))
+    adjusted = adjust(logits, state.sampling, state.seen)
+    token = pick(adjusted, state.sampling.probs(adjusted))
+    scores = token_logprobs(
+        logits[:, None], adjusted[:, None], token[:, None], state.sampling, config.logprobs
+    )
     active = ~state.done
     ones = jnp.ones_like(state.lengths)
     before = state.lengths
-    state = emit(state.replace(target_cache=cache), token[:, None], ones, config)
+    state = emit(state.replace(target_cache=cache), token[:, None], ones, config, scores)
     if absorbs:
         draft_cache = config.drafter.absorb(
             draft, state.draft_cache, state.tokens, before, state.lengths, features[0]

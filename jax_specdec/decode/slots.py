@@ -18,6 +18,7 @@ from flax import struct
 
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import reads_features, target_features
+from jax_specdec.decode.logprobs import Logprobs, token_logprobs
 from jax_specdec.decode.noise import choose, round_keys
 from jax_specdec.decode.state import LoopState, emit, load_row, new_cache, prefill_row
 from jax_specdec.decode.stats import (
@@ -49,6 +50,7 @@ class Queue:
       tokens: [N, max_new_tokens] int32, finished prompts' tokens (pad after the end).
       lengths: [N] int32, tokens generated per finished prompt.
       stats: `GenerationStats` whose per-row counters are per prompt.
+      logprobs: [N, max_new_tokens] finished prompts' `Logprobs`, or None.
     """
 
     prompts: jax.Array
@@ -61,6 +63,7 @@ class Queue:
     tokens: jax.Array
     lengths: jax.Array
     stats: GenerationStats
+    logprobs: Logprobs | None = None
 
     @property
     def count(self) -> jax.Array:
@@ -73,7 +76,7 @@ def init_slots(
 ) -> LoopState:
     """S free slots and the queue of all prompts, then the first S loaded."""
     slots, width = config.num_slots, prompts.shape[1]
-    n = prompts.shape[0]
+    n, buffer_len = prompts.shape[0], width + config.max_new_tokens + config.gamma_max + 1
     ints = jnp.zeros((slots,), jnp.int32)
     draft_cache = None
     if config.drafter is not None:  # an empty cache of the drafter's shape
@@ -89,9 +92,10 @@ def init_slots(
         tokens=jnp.full((n, config.max_new_tokens), config.pad_token_id, jnp.int32),
         lengths=jnp.zeros((n,), jnp.int32),
         stats=init_stats(n, config.gamma_max, jnp.zeros((n,), bool)),
+        logprobs=_no_logprobs(config, n, config.max_new_tokens),
     )
     state = LoopState(
-        tokens=jnp.zeros((slots, width + config.max_new_tokens + config.gamma_max + 1), jnp.int32),
+        tokens=jnp.zeros((slots, buffer_len), jnp.int32),
         lengths=ints + 1,
         prompt_lengths=ints + 1,
         budgets=ints,
@@ -108,8 +112,14 @@ def init_slots(
         ),
         queue=queue,
         seen=Seen.empty(slots, config.vocab_size) if sampling.plan.penalties else None,
+        logprobs=_no_logprobs(config, slots, buffer_len),
     )
     return refill(target, draft, state, config)
+
+
+def _no_logprobs(config: LoopConfig, rows: int, length: int) -> Logprobs | None:
+    spec = config.logprobs
+    return None if spec is None else Logprobs.empty(rows, length, spec.top)
 
 
 def _empty_draft_cache(target, draft, slots: int, config: LoopConfig):
@@ -159,6 +169,9 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     one = None if seen is None else Seen.of(prompt, length, config.vocab_size)
     first_logits = adjust(last, sampling, one)
     first = choose(round_keys(key, 0), first_logits, sampling.probs(first_logits), sampling)
+    scores = token_logprobs(
+        last[:, None], first_logits[:, None], first[:, None], sampling, config.logprobs
+    )
     draft_cache = state.draft_cache
     if config.drafter is not None:
         extra = {"features": features[:, : prompt.shape[1]]} if reads else {}
@@ -175,7 +188,11 @@ def _load(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     row = (prompt[0], length[0], q.budgets[n], q.keys[n], sampling)
     state = _reset_row(state, slot, row, last)
     here = jnp.arange(state.done.shape[0]) == slot
-    return emit(state, jnp.where(here, first[0], 0)[:, None], here.astype(jnp.int32), config)
+    if scores is not None:  # the slot's row; the others emit nothing
+        scores = jax.tree.map(lambda a: jnp.broadcast_to(a, (here.shape[0],) + a.shape[1:]), scores)
+    return emit(
+        state, jnp.where(here, first[0], 0)[:, None], here.astype(jnp.int32), config, scores
+    )
 
 
 def _reset_row(state: LoopState, slot, row, last) -> LoopState:
@@ -213,12 +230,17 @@ def _retire(state: LoopState) -> LoopState:
     stats = q.stats.replace(
         **{f: put(getattr(q.stats, f), getattr(state.stats, f)) for f in ROW_FIELDS}
     )
+    logprobs = q.logprobs
+    if logprobs is not None:
+        new = state.logprobs.take(state.prompt_lengths[:, None] + idx[None])
+        logprobs = jax.tree.map(put, logprobs, new)
     return state.replace(
         queue=q.replace(
             row=jnp.where(retiring, -1, q.row),
             tokens=put(q.tokens, tokens),
             lengths=put(q.lengths, generated),
             stats=stats,
+            logprobs=logprobs,
         )
     )
 
@@ -233,4 +255,4 @@ def finish_slots(state: LoopState, config: LoopConfig) -> GenerationOutput:
     tokens = jnp.where(
         jnp.arange(q.tokens.shape[1])[None] < q.lengths[:, None], q.tokens, config.pad_token_id
     )
-    return GenerationOutput(tokens=tokens, lengths=q.lengths, stats=stats)
+    return GenerationOutput(tokens=tokens, lengths=q.lengths, stats=stats, logprobs=q.logprobs)

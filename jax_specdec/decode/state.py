@@ -70,6 +70,8 @@ class LoopState:
         (`slots.Queue`); None without.
       seen: the tokens before each row's next position (`penalties.Seen`) when a row
         uses a penalty (`sampling.plan.penalties`); None otherwise.
+      logprobs: the log-probabilities of `tokens` (`decode.logprobs.Logprobs` [B, L])
+        when `config.logprobs` asks for them; None otherwise.
     """
 
     tokens: jax.Array
@@ -87,6 +89,7 @@ class LoopState:
     stats: GenerationStats
     queue: Any = None
     seen: Any = None
+    logprobs: Any = None
 
     @property
     def generated(self) -> jax.Array:
@@ -184,10 +187,11 @@ def gather_last(tokens: jax.Array, lengths: jax.Array, count: int) -> jax.Array:
     return jnp.take_along_axis(tokens, idx, axis=1)
 
 
-def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState:
-    """Appends the first num_new[b] of new_tokens [B, W] to each active row; a row ends
-    at its first EOS, any of `config.eos_token_id` (kept), or at its budget, and later
-    tokens are dropped."""
+def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None) -> LoopState:
+    """Appends the first num_new[b] of new_tokens [B, W] to each active row (and their
+    log-probabilities `scores`, a `Logprobs` [B, W], when the state keeps them); a row
+    ends at its first EOS, any of `config.eos_token_id` (kept), or at its budget, and
+    later tokens are dropped."""
     batch, width = new_tokens.shape
     idx = jnp.arange(width, dtype=jnp.int32)
     count = jnp.minimum(num_new, state.budgets - state.generated)
@@ -208,7 +212,10 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig) -> LoopState
     lengths = state.lengths + count
     done = state.done | hit_eos | (lengths - state.prompt_lengths >= state.budgets)
     seen = None if state.seen is None else state.seen.emit(new_tokens, count)
-    return state.replace(tokens=tokens, lengths=lengths, done=done, seen=seen)
+    logprobs = state.logprobs
+    if logprobs is not None:
+        logprobs = logprobs.put(rows, positions, scores)
+    return state.replace(tokens=tokens, lengths=lengths, done=done, seen=seen, logprobs=logprobs)
 
 
 def record_round(state: LoopState, *, active, width: int, counts, accepted, bad) -> LoopState:
@@ -265,4 +272,7 @@ def finish(state: LoopState, config: LoopConfig) -> GenerationOutput:
     generated = state.generated
     out = jnp.take_along_axis(state.tokens, state.prompt_lengths[:, None] + idx[None], axis=1)
     out = jnp.where(idx[None] < generated[:, None], out, config.pad_token_id)
-    return GenerationOutput(tokens=out, lengths=generated, stats=state.stats)
+    logprobs = state.logprobs
+    if logprobs is not None:
+        logprobs = logprobs.take(state.prompt_lengths[:, None] + idx[None])
+    return GenerationOutput(tokens=out, lengths=generated, stats=state.stats, logprobs=logprobs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -139,11 +139,14 @@ class GenerationOutput(NamedTuple):
       lengths: [B] int32 generated tokens per row (max_new_tokens unless the row hit EOS,
         which is included).
       stats: `GenerationStats`.
+      logprobs: the tokens' log-probabilities (`decode.logprobs.Logprobs`, [B,
+        max_new_tokens], values after each row's end undefined) when asked for; else None.
     """
 
     tokens: jax.Array
     lengths: jax.Array
     stats: GenerationStats
+    logprobs: Any = None
 
 
 def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> GenerationStats:
@@ -171,9 +174,11 @@ def nonfinite(logits: jax.Array) -> jax.Array:
 
 
 def take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
-    """The output's rows `rows` [R] (tokens, lengths and the per-row counters)."""
+    """The output's rows `rows` [R] (tokens, lengths, log-probabilities and the per-row
+    counters)."""
     stats = out.stats.replace(**{f: getattr(out.stats, f)[rows] for f in ROW_FIELDS})
-    return GenerationOutput(out.tokens[rows], out.lengths[rows], stats)
+    logprobs = None if out.logprobs is None else jax.tree.map(lambda a: a[rows], out.logprobs)
+    return GenerationOutput(out.tokens[rows], out.lengths[rows], stats, logprobs)
 
 
 def finish_reasons(out: GenerationOutput, budgets, stop_ids) -> list[str]:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import DraftInputs, reads_features, target_features
+from jax_specdec.decode.logprobs import token_logprobs
 from jax_specdec.decode.noise import round_keys
 from jax_specdec.decode.state import (
     LoopState,
@@ -55,8 +56,9 @@ def _noise(state: LoopState, config: LoopConfig):
 
 def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, draws, config):
     """The target's call over [pending, nodes] (`mask`: the nodes' `ancestors`) and the
-    config's acceptance rule (`tree_accept.accept_tree`): (walk, logits, the call's entries
-    per layer [B, N + 1, K, hd], features [B, N + 1, D] or None)."""
+    config's acceptance rule (`tree_accept.accept_tree`): (walk, the emitted tokens'
+    `Logprobs` or None, whether a row's logits held NaN/inf, the call's entries per layer
+    [B, N + 1, K, hd], features [B, N + 1, D] or None)."""
     pending = gather_last(state.tokens, state.lengths, 1)
     logits, keys, values, *hidden = target.decode_entries(
         jnp.concatenate([pending, proposal.tokens], axis=1),
@@ -68,9 +70,14 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
     # Node v follows the pending token and its path's drafts (itself included): seen.
     adjusted = adjust(logits, state.sampling, state.seen, proposal.tokens, mask[:, :, 1:])
     found = config.acceptance(adjusted, draws, proposal, state.sampling, config.tree.depth)
+    on_path = lambda a: jnp.take_along_axis(a, found.path[..., None], axis=1)  # noqa: E731
+    scores = token_logprobs(
+        on_path(logits), on_path(adjusted), found.emitted, state.sampling, config.logprobs
+    )
     return (
         found,
-        logits,
+        scores,
+        nonfinite(logits),
         (keys, values),
         (hidden[0] if hidden else None),
     )
@@ -94,11 +101,11 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
     proposal = proposal._replace(valid=proposal.valid & active[:, None])
     light = state.replace(target_cache=None, draft_cache=None)
     mask = ancestors(proposal.parent, depth)
-    found, logits, entries, features = verify_tree(
+    found, scores, bad, entries, features = verify_tree(
         target, state.target_cache, light, proposal, mask, draws, config
     )
     before = state.lengths
-    light = emit(light, found.emitted, found.accepted + 1, config)
+    light = emit(light, found.emitted, found.accepted + 1, config, scores)
     node_depth = depths(mask)[:, 1:]
     counts = jnp.max(jnp.where(proposal.valid, node_depth, 0), axis=1)  # longest path drafted
     light = record_round(
@@ -107,7 +114,7 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
         width=depth,
         counts=counts,
         accepted=found.accepted,
-        bad=nonfinite(logits) | proposal.bad,
+        bad=bad | proposal.bad,
     )
     after = light.lengths
     walked = gather_nodes(entries, found.path)

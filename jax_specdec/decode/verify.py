@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax_specdec.acceptance import AcceptResult
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import Proposal, reads_features, target_features
+from jax_specdec.decode.logprobs import token_logprobs
 from jax_specdec.decode.noise import Noise, draw
 from jax_specdec.decode.state import LoopState, emit, gather_last, pad_entries, record_round
 from jax_specdec.decode.stats import nonfinite
@@ -53,13 +54,13 @@ def verify(
     bad = nonfinite(logits) | proposal.bad
     # Position t follows the pending token and drafts 0 … t - 1: they count as seen.
     before = jnp.tril(jnp.ones((width + 1, width), bool), -1)
-    logits = adjust(logits, state.sampling, state.seen, proposal.tokens, before)
+    adjusted = adjust(logits, state.sampling, state.seen, proposal.tokens, before)
     if width == 0:
-        first = logits[:, 0]
+        first = adjusted[:, 0]
         token = draw(noise.draws, first, state.sampling.probs(first), state.sampling)
         result = AcceptResult(jnp.zeros_like(counts), token)
     else:
-        p = state.sampling.probs(logits)  # [B, w + 1, V]
+        p = state.sampling.probs(adjusted)  # [B, w + 1, V]
         result = config.acceptance(
             noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
         )
@@ -68,7 +69,8 @@ def verify(
     idx = jnp.arange(width + 1, dtype=jnp.int32)
     new_tokens = jnp.where(idx[None] < accepted[:, None], new_tokens, result.next_token[:, None])
     active = ~state.done
-    state = emit(state, new_tokens, accepted + 1, config)
+    scores = token_logprobs(logits, adjusted, new_tokens, state.sampling, config.logprobs)
+    state = emit(state, new_tokens, accepted + 1, config, scores)
     state = record_round(
         state,
         active=active,
