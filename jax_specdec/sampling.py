@@ -301,6 +301,8 @@ class RowSampling:
       plan: the `SamplingPlan` of the rows (static).
       seen: the rows' `penalties.Seen` (the tokens before their next position), as the
         loop hands it to a drafter; None: no count of them (their penalties unapplied).
+      stop_tokens: [B, S, M] int32, each row's stop sequences (`decode.stop_tokens`:
+        right-aligned, -1 pads); None: none (`with_stops`).
     """
 
     temperature: jax.Array
@@ -314,6 +316,7 @@ class RowSampling:
     bias_values: jax.Array
     plan: SamplingPlan = struct.field(pytree_node=False)
     seen: Any = None
+    stop_tokens: Any = None
 
     @classmethod
     def of(cls, settings, plan: SamplingPlan | None = None) -> RowSampling:
@@ -367,6 +370,10 @@ class RowSampling:
             return logits
         seen = self.seen if self.plan.penalties else None
         return adjust(logits, self if seen is not None else _without_penalties(self), seen)
+
+    def with_stops(self, stop_tokens) -> RowSampling:
+        """The same rows, ending at their stop sequences [B, S, M] (`decode.stop_tokens`)."""
+        return self.replace(stop_tokens=stop_tokens)
 
     def at(self, index) -> RowSampling:
         """The rows at `index` (an int array or slice), same plan."""

@@ -28,6 +28,7 @@ from jax_specdec.decode.request import (
 )
 from jax_specdec.decode.run import ProgramArgs, Run
 from jax_specdec.decode.stats import GenerationOutput
+from jax_specdec.decode.stop_tokens import per_row, stop_array
 from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
@@ -169,6 +170,7 @@ class Generator:
         sampling=None,
         logprobs: int | None = None,
         logprob_kind: str = "processed",
+        stop_sequences=None,
     ) -> Run:
         """Validates and places one call's inputs; returns the `Run` that generates.
 
@@ -194,11 +196,18 @@ class Generator:
           logprob_kind: "processed" (the distribution the row samples from: bias,
             penalties, temperature, top-k/top-p/min-p; a greedy row's at temperature 1)
             or "raw" (the model's own).
+          stop_sequences: token-id sequences that end a row as soon as its generated
+            tokens end with one (kept, as an EOS): one list for every row, or one list
+            per prompt (`decode.stop_tokens`; a stop string's tokenization, say: its text
+            is still to be cut by the caller). None: none.
         """
         sampling = self.sampling if sampling is None else sampling
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, sampling, vocab_size=self.vocab_size
         )
+        if stop_sequences is not None:
+            stops = stop_array(per_row(stop_sequences, request.batch), self.vocab_size)
+            request = dataclasses.replace(request, sampling=request.sampling.with_stops(stops))
         limit = min(m.config.max_len for _, m in self._models)
         if request.prompts.shape[1] + request.max_new_tokens > limit:  # padding too wide
             request = request.trimmed()
@@ -287,6 +296,7 @@ class Generator:
         sampling=None,
         logprobs: int | None = None,
         logprob_kind: str = "processed",
+        stop_sequences=None,
     ):
         """Generates: `bind(...)` and run, with a warning if NaN/inf logits were met."""
         run = self.bind(
@@ -298,6 +308,7 @@ class Generator:
             sampling=sampling,
             logprobs=logprobs,
             logprob_kind=logprob_kind,
+            stop_sequences=stop_sequences,
         )
         return _checked(run())
 

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
+from jax_specdec.decode.stop_tokens import first_stop
 from jax_specdec.nn import KVCache, TransformerConfig, init_cache
 from jax_specdec.nn.transformer import feature_size
 from jax_specdec.sampling import RowSampling
@@ -187,22 +188,40 @@ def gather_last(tokens: jax.Array, lengths: jax.Array, count: int) -> jax.Array:
     return jnp.take_along_axis(tokens, idx, axis=1)
 
 
-def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None) -> LoopState:
-    """Appends the first num_new[b] of new_tokens [B, W] to each active row (and their
-    log-probabilities `scores`, a `Logprobs` [B, W], when the state keeps them); a row
-    ends at its first EOS, any of `config.eos_token_id` (kept), or at its budget, and
-    later tokens are dropped."""
+def _ended(state: LoopState, new_tokens, count, config: LoopConfig):
+    """(count [B] cut after the first stop among each row's first count[b] new tokens,
+    whether the row stopped [B]): a stop id (`config.eos_token_id`) or the completion of
+    one of the row's stop sequences (`decode.stop_tokens`)."""
     batch, width = new_tokens.shape
     idx = jnp.arange(width, dtype=jnp.int32)
-    count = jnp.minimum(num_new, state.budgets - state.generated)
-    hit_eos = jnp.zeros((batch,), bool)
+    ended = jnp.zeros((batch,), bool)
     if config.eos_token_id is not None:
         is_eos = functools.reduce(
             jnp.logical_or, [new_tokens == i for i in config.eos_token_id]
         ) & (idx[None] < count[:, None])
-        first_eos = jnp.argmax(is_eos, axis=1).astype(jnp.int32)
-        hit_eos = jnp.any(is_eos, axis=1)
-        count = jnp.where(hit_eos, first_eos + 1, count)
+        ended = jnp.any(is_eos, axis=1)
+        count = jnp.where(ended, jnp.argmax(is_eos, axis=1).astype(jnp.int32) + 1, count)
+    stops = state.sampling.stop_tokens
+    if stops is not None:
+        rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
+        at = state.lengths[:, None] + idx
+        written = state.tokens.at[rows, at].set(new_tokens, mode="drop")
+        hit, first = first_stop(written, state.lengths, state.prompt_lengths, width, stops)
+        hit = hit & (first < count)
+        count = jnp.where(hit, first + 1, count)
+        ended = ended | hit
+    return count, ended
+
+
+def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None) -> LoopState:
+    """Appends the first num_new[b] of new_tokens [B, W] to each active row (and their
+    log-probabilities `scores`, a `Logprobs` [B, W], when the state keeps them); a row
+    ends at its first EOS, any of `config.eos_token_id` (kept), at the last token of one
+    of its stop sequences (kept), or at its budget, and later tokens are dropped."""
+    batch, width = new_tokens.shape
+    idx = jnp.arange(width, dtype=jnp.int32)
+    count = jnp.minimum(num_new, state.budgets - state.generated)
+    count, ended = _ended(state, new_tokens, count, config)
     count = jnp.where(state.done, 0, count)
     rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
     # Positions past the buffer are dropped (a negative index would wrap around).
@@ -210,7 +229,7 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None)
     positions = jnp.where(idx[None] < count[:, None], state.lengths[:, None] + idx, skip)
     tokens = state.tokens.at[rows, positions].set(new_tokens, mode="drop")
     lengths = state.lengths + count
-    done = state.done | hit_eos | (lengths - state.prompt_lengths >= state.budgets)
+    done = state.done | ended | (lengths - state.prompt_lengths >= state.budgets)
     seen = None if state.seen is None else state.seen.emit(new_tokens, count)
     logprobs = state.logprobs
     if logprobs is not None:
