@@ -8,6 +8,7 @@ it keeps one separate cache array per layer, each updated in place by one scatte
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -233,51 +234,71 @@ class Transformer(nnx.Module):
             [B, T, K, hd], for `write_entries(cache, keys, values, start)` with
             start = cache.lengths + recent_count (and the features, if asked for).
         """
-        B, T = tokens.shape
-        lengths = cache.lengths.astype(jnp.int32)
-        start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
-        if tree is None:
-            offsets, new_mask = (
-                jnp.arange(T, dtype=jnp.int32),
-                jnp.tril(jnp.ones((T, T), bool))[None],
-            )
-        else:
-            offsets, new_mask = tree[0].astype(jnp.int32), tree[1]
-        positions = start[:, None] + offsets  # [B, T]
-        # Only the cache's live prefix is attended: one static size for every layer.
-        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
-        index = live_index(lengths, sizes)
-        masks = {None: _masks(positions, lengths, new_mask, recent)}
-        if self.config.sliding_window is not None:  # the local layers' masks
-            w = self.config.sliding_window
-            masks[w] = _masks(positions, lengths, new_mask, recent, w)
-        x = self._embed(tokens, positions)
+        reading = self._reading(tokens.shape[1], cache, recent, tree)
+        x = self._embed(tokens, reading.positions)
         taken = _Taken(features, self.config.num_layers)
         keys, values = [], []
         for i, (block, k_cache, v_cache) in enumerate(
             zip(self.blocks, cache.keys, cache.values, strict=True)
         ):
             taken.see(i, x)
-            q, k, v = block.attn.project(block.attn_norm(x), positions)
-            w = block.attn.window
-            recent_mask, own_mask = masks[w]
-            others = []
-            if recent is not None:
-                rk, rv = recent[0][i], recent[1][i]
-                others.append((heads_first(rk), heads_first(rv), recent_mask))
-            others.append((heads_first(k), heads_first(v), own_mask))
-            attended = cached_attention(
-                q, k_cache, v_cache, lengths, others, sizes, index,
-                window=None if w is None else (positions, w),
-                scale=block.attn.score_scale, softcap=block.attn.softcap,
-            )  # fmt: skip
-            x = x + block.attended(block.attn.output(attended))
-            x = x + block.feed_forward(x)
+            layer_recent = None if recent is None else (recent[0][i], recent[1][i])
+            x, k, v = _block_entries(block, x, (k_cache, v_cache), layer_recent, reading)
             keys.append(k)
             values.append(v)
         h = self.final_norm(x)
         out = (self._logits(h), tuple(keys), tuple(values))
         return (*out, taken.result(x, h)) if features else out
+
+    def _reading(self, width: int, cache: KVCache, recent, tree) -> _Reading:
+        """What every layer of a `decode_entries` call of `width` tokens reads besides
+        its own cache entries."""
+        lengths = cache.lengths.astype(jnp.int32)
+        start = lengths if recent is None else lengths + recent[2].astype(jnp.int32)
+        if tree is None:
+            offsets = jnp.arange(width, dtype=jnp.int32)
+            new_mask = jnp.tril(jnp.ones((width, width), bool))[None]
+        else:
+            offsets, new_mask = tree[0].astype(jnp.int32), tree[1]
+        positions = start[:, None] + offsets  # [B, T]
+        # Only the cache's live prefix is attended: one static size for every layer.
+        sizes = live_sizes(cache.max_len, position_bytes=position_bytes(cache.keys[0]))
+        masks = {None: _masks(positions, lengths, new_mask, recent)}
+        if self.config.sliding_window is not None:  # the local layers' masks
+            w = self.config.sliding_window
+            masks[w] = _masks(positions, lengths, new_mask, recent, w)
+        return _Reading(lengths, positions, masks, sizes, live_index(lengths, sizes))
+
+
+class _Reading(NamedTuple):
+    """A decode call's positions [B, T], the cache's lengths [B], the attention masks per
+    window (None: global) and the live prefix's static sizes and index."""
+
+    lengths: jax.Array
+    positions: jax.Array
+    masks: dict
+    sizes: tuple
+    index: jax.Array
+
+
+def _block_entries(block, x, layer_cache, recent, reading: _Reading):
+    """One decoder block over the new tokens' hidden states x [B, T, D], reading its
+    cache entries `layer_cache` (keys, values) and the `recent` ones (or None): the
+    block's output and its new keys and values."""
+    q, k, v = block.attn.project(block.attn_norm(x), reading.positions)
+    w = block.attn.window
+    recent_mask, own_mask = reading.masks[w]
+    others = []
+    if recent is not None:
+        others.append((heads_first(recent[0]), heads_first(recent[1]), recent_mask))
+    others.append((heads_first(k), heads_first(v), own_mask))
+    attended = cached_attention(
+        q, *layer_cache, reading.lengths, others, reading.sizes, reading.index,
+        window=None if w is None else (reading.positions, w),
+        scale=block.attn.score_scale, softcap=block.attn.softcap,
+    )  # fmt: skip
+    x = x + block.attended(block.attn.output(attended))
+    return x + block.feed_forward(x), k, v
 
 
 def _masks(positions, lengths, new_mask, recent, window=None):
