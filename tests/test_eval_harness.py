@@ -13,7 +13,8 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from jax_specdec.eval.harness import JaxSpecdecLM, _cut  # noqa: E402
+from jax_specdec.eval.harness import JaxSpecdecLM, _settings  # noqa: E402
+from jax_specdec.stop_strings import cut  # noqa: E402
 
 DATA = pathlib.Path(__file__).with_name("eval_tiny.jsonl")
 TASKS = {
@@ -107,8 +108,11 @@ def test_the_command_line_runs_a_local_task(pair, tasks, tmp_path):
 
 
 def test_stop_strings_cut_the_text_at_the_first():
-    assert _cut("a\nb END c", ("END", "\n")) == "a"
-    assert _cut("abc", ("x",)) == "abc" and _cut("abc", ()) == "abc"
+    assert cut("a\nb END c", ("END", "\n")) == ("a", "\n")
+    assert cut("abc", ("x",)) == ("abc", None) and cut("abc", ()) == ("abc", None)
+    assert _settings({"until": "END"})[2] == ("END",) and _settings({})[2] == ()
+    with pytest.raises(ValueError, match="'until' must not hold an empty string"):
+        _settings({"until": ["a", ""]})
 
 
 def test_unknown_model_args_are_refused(pair):

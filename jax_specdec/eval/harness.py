@@ -18,7 +18,8 @@ points). In Python, importing this module registers it for `lm_eval.simple_evalu
   through `batch_size` slots; `max_gen_toks` (default 256), `temperature` (0, greedy, by
   default; `do_sample=False` forces it) and the `until` strings of each request. A row
   stops at the model's stop ids inside the program; the text is cut at the first `until`
-  string on the host. Request i's key is fold_in(key(seed), i), whatever the batching.
+  string on the host (`stop_strings.cut`). Request i's key is fold_in(key(seed), i),
+  whatever the batching.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from jax_specdec import stop_strings
 from jax_specdec.decode import Generator, score
 from jax_specdec.sampling import SamplingConfig
 
@@ -147,7 +149,7 @@ class JaxSpecdecLM(TemplateLM):
                 text = self.tok_decode(
                     t for t in tokens[row, : lengths[row]] if not self.stops or t not in self.stops
                 )
-                texts[i] = _cut(text, settings[i][2])
+                texts[i] = stop_strings.cut(text, settings[i][2])[0]
         return texts
 
     def _prompt(self, context: str, budget: int) -> list[int]:
@@ -167,10 +169,7 @@ class JaxSpecdecLM(TemplateLM):
 def _settings(gen_kwargs: dict) -> tuple[SamplingConfig, int, tuple[str, ...]]:
     """(sampling, max_gen_toks, until strings) of a request's generation arguments."""
     kwargs = dict(gen_kwargs)
-    until = kwargs.pop("until", None) or ()
-    until = (until,) if isinstance(until, str) else tuple(until)
-    if any(not isinstance(u, str) or not u for u in until):
-        raise ValueError(f"generate_until: 'until' must be non-empty strings, got {until!r}")
+    until = stop_strings.check(kwargs.pop("until", None) or (), "generate_until: 'until'")
     budget = int(kwargs.pop("max_gen_toks", 256))
     temperature = float(kwargs.pop("temperature", 0.0))
     if kwargs.pop("do_sample", None) is False:
@@ -181,9 +180,3 @@ def _settings(gen_kwargs: dict) -> tuple[SamplingConfig, int, tuple[str, ...]]:
         top_p=float(kwargs.pop("top_p", 1.0) or 1.0),
     )
     return sampling, budget, until
-
-
-def _cut(text: str, until: tuple[str, ...]) -> str:
-    """`text` up to the first occurrence of any stop string."""
-    ends = [text.find(u) for u in until if u in text]
-    return text[: min(ends)] if ends else text
