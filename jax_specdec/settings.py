@@ -11,9 +11,10 @@ if TYPE_CHECKING:  # the CLI imports JAX only when a command runs
     from jax_specdec.decode.tree import Tree
     from jax_specdec.sampling import SamplingConfig
 
-__all__ = ["SEED_LIMIT", "DecodeSettings", "check_seed", "parse_mesh"]
+__all__ = ["MAX_SAMPLES", "SEED_LIMIT", "DecodeSettings", "check_seed", "parse_mesh"]
 
 SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is decode.request.seed_key_data
+MAX_SAMPLES = 1 << 16  # --n and a batch row's n at most (a typo of 10**9 would hang)
 
 
 def check_seed(seed: int) -> int:
@@ -42,6 +43,9 @@ class DecodeSettings:
         bfloat16 on an accelerator, on the CPU each checkpoint's own (bfloat16 ones stay
         bfloat16, others load as float32). Sampling, acceptance and residuals are float32
         whatever it is.
+      n: samples per prompt (--n); sample 0 keyed as one sample is, sample i >= 1 by a
+        seed derived from the seed and i alone.
+      stop: stop strings (--stop): each text is cut at the earliest (`stop_strings`).
     """
 
     target: str
@@ -54,12 +58,15 @@ class DecodeSettings:
     seed: int
     mesh: str | None = None
     dtype: str | None = None
+    n: int = 1
+    stop: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args, *, draft: str | None) -> DecodeSettings:
         """The settings of parsed flags (`common.add_round_flags`,
-        `common.add_sampling_flags`, --target, --num-draft-tokens, --seed); ValueError
-        naming the flag."""
+        `common.add_sampling_flags`, `common.add_sample_flags`, --target,
+        --num-draft-tokens, --seed); ValueError naming the flag."""
+        from jax_specdec import stop_strings
         from jax_specdec.sampling import SamplingConfig
 
         tree = _tree(args.tree, args.branch, args.num_draft_tokens)
@@ -91,6 +98,8 @@ class DecodeSettings:
             seed=check_seed(args.seed),
             mesh=getattr(args, "mesh", None),
             dtype=None if getattr(args, "dtype", "auto") == "auto" else args.dtype,
+            n=_check_n(getattr(args, "n", 1)),
+            stop=stop_strings.check(getattr(args, "stop", None), "--stop"),
         )
 
     def check_context(self, max_len: int) -> None:
@@ -126,6 +135,12 @@ class DecodeSettings:
         return dict(
             num_draft_tokens=self.num_draft_tokens, tree=self.tree, acceptance=self.acceptance
         )
+
+
+def _check_n(n: int) -> int:
+    if not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"--n must lie in [1, {MAX_SAMPLES}], got {n}")
+    return n
 
 
 def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:

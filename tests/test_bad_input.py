@@ -289,6 +289,21 @@ def test_batch_rows_per_call_zero_is_refused(pair, tmp_path, capsys):
     assert "--rows-per-call must lie in [1, " in one_line(cli_refusal(argv, capsys))
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--n", "0"], "--n must lie in [1, 65536], got 0"),
+        (["--stop", ""], "--stop must not hold an empty string"),
+    ],
+)
+def test_batch_n_zero_and_an_empty_stop_are_refused(pair, tmp_path, capsys, flags, message):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": 1, "prompt": "a"}\n')
+    out = tmp_path / "out.jsonl"
+    assert message in one_line(cli_refusal(batch_argv(pair, inp, out, *flags), capsys))
+    assert not out.exists() and not (tmp_path / "out.jsonl.job.json").exists()
+
+
 def test_prompt_file_with_bad_utf8_is_named(pair, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes(b"def f():\nx = '\xff\xfe'\n")

@@ -189,6 +189,15 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
         (['{"id": 7, "prompt": "a", "logit_bias": {"x": 1}}'], "(id 7): logit_bias token ids"),
         (['{"id": 1, "prompt": "a", "colour": 3}'], "unknown field"),
         (['{"id": 1, "prompt": "a", "seed": -4}'], "'seed'"),
+        (['{"id": 1, "prompt": "a"}', '{"id": 8, "prompt": "a", "n": 0}'], "line 2 (id 8): 'n'"),
+        (['{"id": "s", "prompt": "a", "n": -2}'], "line 1 (id \"s\"): 'n' must be an integer"),
+        (['{"id": 9, "prompt": "a", "n": 1.5}'], "(id 9): 'n' must be an integer in [1, 65536]"),
+        (['{"id": 9, "prompt": "a", "n": "2"}'], "(id 9): 'n' must be an integer"),
+        (['{"id": 9, "prompt": "a", "n": true}'], "(id 9): 'n' must be an integer"),
+        (['{"id": 10, "prompt": "a", "stop": ""}'], "(id 10): 'stop' must not hold an empty"),
+        (['{"id": 10, "prompt": "a", "stop": ["x", ""]}'], "(id 10): 'stop' must not hold an"),
+        (['{"id": 11, "prompt": "a", "stop": 5}'], "(id 11): 'stop' must be a string or a list"),
+        (['{"id": 11, "prompt": "a", "stop": ["x", 5]}'], "(id 11): 'stop' must be a string"),
     ],
 )
 def test_bad_lines_stop_the_job_with_their_line_number(pair, tmp_path, capsys, lines, match):

@@ -50,6 +50,32 @@ def test_generate_json_is_reproducible(pair, capsys):
     assert first["stats"]["alpha"] == lib.stats.alpha
 
 
+def test_generate_n_samples_and_stop_strings(pair, capsys):
+    """--n 2: sample 0 is the lone sample's row, sample 1 the row of the seed derived from
+    the seed and 1 alone; --stop cuts the text (finish_reason "stop", with "stop")."""
+    from jax_specdec.batch.input import sample_seed
+
+    base = run_json(pair, "def f(x):", "--max-new-tokens", "10", "--temperature", "1")
+    base += ["--eos", "none"]
+    assert main([*base, "--seed", "3", "--n", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)["outputs"]
+    assert [o["sample"] for o in two] == [0, 1] and two[0]["tokens"] != two[1]["tokens"]
+    assert main([*base, "--seed", str(sample_seed(3, 1))]) == 0
+    (second,) = json.loads(capsys.readouterr().out)["outputs"]
+    assert "sample" not in second and second == {k: v for k, v in two[1].items() if k != "sample"}
+    text = two[0]["text"]
+    stop = next(c for c in text[1:] if c.isascii() and c.isprintable() and c not in text[:1])
+    assert main([*base, "--seed", "3", "--stop", "\x00never", "--stop", stop]) == 0
+    (cut,) = json.loads(capsys.readouterr().out)["outputs"]
+    assert (cut["text"], cut["finish_reason"], cut["stop"]) == (
+        text[: text.find(stop)],
+        "stop",
+        stop,
+    )
+    assert cut["tokens"] == two[0]["tokens"][: len(cut["tokens"])]
+    assert two[0]["finish_reason"] == "length" and "stop" not in two[0]
+
+
 def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
     assert (
         main(run_json(pair, "import os\n", "--max-new-tokens", "10", "--compare", "--eos", "none"))
@@ -96,6 +122,9 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         (["x", "--logit-bias", "5=1"], "--logit-bias must be ID:BIAS"),
         (["x", "--max-new-tokens", "5000"], "max_len"),
         (["x", "-k", "0"], "num_draft_tokens"),
+        (["x", "--n", "0"], "--n must lie in [1, 65536], got 0"),
+        (["x", "--n", "-3"], "--n must lie in [1, 65536], got -3"),
+        (["x", "--stop", "a", "--stop", ""], "--stop must not hold an empty string"),
     ],
 )
 def test_generate_bad_input_one_line_exit_2(pair, extra, message, capsys):

@@ -3,6 +3,11 @@
 context), so a bad row is named by its line and id before anything is compiled or
 written. A row without a seed of its own gets one derived from the job seed and its id
 (`derive_seed`); its key is the seed's (`decode.request.seed_key_data`).
+
+A row of `n` samples (its field, or the job's `--n`) runs as n rows (`samples`): sample 0
+with the row's seed, sample i >= 1 with one derived from that seed and i alone
+(`sample_seed`), each known by (id, i) in the output (`result_key`). A row's `stop`
+strings (its field, or the job's `--stop`) cut its text on the host (`stop_strings`).
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import functools
 import hashlib
 import json
 
+from jax_specdec import stop_strings
 from jax_specdec.decode.request import INT32_MAX
 from jax_specdec.sampling import SamplingConfig
+from jax_specdec.settings import MAX_SAMPLES
 
-__all__ = ["JobError", "JobRow", "derive_seed", "read_rows"]
+__all__ = ["JobError", "JobRow", "derive_seed", "read_rows", "result_key", "sample_seed", "samples"]
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -28,7 +35,7 @@ _SAMPLING_FIELDS = (
     "logit_bias",
 )
 _PROMPT_FIELDS = ("prompt", "tokens", "messages")
-_KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", *_SAMPLING_FIELDS}
+_KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", "n", "stop", *_SAMPLING_FIELDS}
 
 
 class JobError(ValueError):
@@ -43,11 +50,46 @@ class JobRow:
     seed: int
     sampling: SamplingConfig
     max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    n: int | None = None  # samples of the row; None: one, written without "sample"
+    sample: int | None = None  # which sample this row is (`samples`); None: not expanded
 
     @property
     def key(self) -> str:
         """The id as it is compared: its JSON text (so 1 and "1" are different ids)."""
         return json.dumps(self.id)
+
+    @property
+    def result_key(self) -> str:
+        """What this row's output line is known by (`result_key`)."""
+        return result_key(self.id, self.sample)
+
+
+def result_key(row_id, sample: int | None = None) -> str:
+    """An output line's identity: its id's JSON text, or with a sample `[id, sample]`'s."""
+    return json.dumps(row_id if sample is None else [row_id, sample])
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of a row's sample: the row's own for sample 0, else 63 bits of the SHA-256
+    of the row's seed and the sample's index only (so sample i does not depend on n)."""
+    if sample == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}\0{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def samples(rows: list[JobRow]) -> list[JobRow]:
+    """Each row of n samples as n rows, sample i with `sample_seed(seed, i)`; a row of no
+    `n` (or one already expanded) as it is."""
+    out = []
+    for row in rows:
+        if row.n is None or row.sample is not None:
+            out.append(row)
+            continue
+        for i in range(row.n):
+            out.append(dataclasses.replace(row, seed=sample_seed(row.seed, i), sample=i))
+    return out
 
 
 def derive_seed(job_seed: int, row_id) -> int:
@@ -95,7 +137,25 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
             f"line {line} (id {json.dumps(row_id)}): its prompt of {len(tokens)} tokens and "
             f"max_new_tokens {new} exceed the models' context of {max_len} tokens"
         )
-    return JobRow(row_id, line, tokens, seed, row_sampling, new)
+    n, stop = _samples_and_stops(obj, f"line {line} (id {json.dumps(row_id)})", defaults)
+    return JobRow(row_id, line, tokens, seed, row_sampling, new, stop=stop, n=n)
+
+
+def _samples_and_stops(obj: dict, where: str, defaults: dict) -> tuple[int | None, tuple]:
+    """The row's `n` (None: one sample, unnamed in the output) and `stop` strings, each
+    its own or the job's; a JobError naming the row otherwise."""
+    n = obj.get("n", defaults["n"])
+    if n is not None and (
+        isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES
+    ):
+        raise JobError(f"{where}: 'n' must be an integer in [1, {MAX_SAMPLES}], got {n!r}")
+    try:
+        stop = stop_strings.check(obj["stop"], "'stop'") if "stop" in obj else defaults["stop"]
+    except ValueError as e:
+        raise JobError(f"{where}: {e}") from None
+    if stop and defaults["tokenizer"] is None:
+        raise JobError(f"{where}: 'stop' strings need the target's tokenizer")
+    return n, stop
 
 
 def _prompt_tokens(obj: dict, line: int, defaults: dict) -> tuple[int, ...]:
@@ -157,13 +217,17 @@ def read_rows(
     on_error: str = "stop",
     max_len: int | None = None,
     chat_template=None,
+    n: int | None = None,
+    stop: tuple[str, ...] = (),
 ) -> tuple[list[JobRow], list[dict]]:
     """Parses the input file. Returns (rows, errors); with on_error="stop" the first bad
     line raises a `JobError` naming its line number, with "skip" it is listed in errors.
     `chat_template`: a function returning the target's `io.chat.ChatTemplate` (or None),
     called once, at the first row with `messages`.
     A duplicate id is an error of the later line; so is a row whose prompt and budget do
-    not fit in `max_len` tokens (the models' context), when given."""
+    not fit in `max_len` tokens (the models' context), when given. `n` and `stop`: the
+    rows' default samples (None: one, without a "sample" in the output) and stop
+    strings. One row per line: `samples` expands the rows of several samples."""
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
     defaults = dict(
@@ -173,6 +237,8 @@ def read_rows(
         sampling=sampling,
         max_new_tokens=max_new_tokens,
         max_len=max_len,
+        n=n,
+        stop=tuple(stop),
         chat_template=None if chat_template is None else functools.cache(chat_template),
     )
     rows, errors, seen = [], [], {}

@@ -102,7 +102,9 @@ def _agree_pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> list[
     if jax.process_index() == 0:
         try:
             done, _ = pending(rows, output, job)
-            payload = np.array([i for i, r in enumerate(rows) if r.key not in done], np.int32)
+            payload = np.array(
+                [i for i, r in enumerate(rows) if r.result_key not in done], np.int32
+            )
         except (JobError, OSError) as e:
             status, payload = 1, np.frombuffer(str(e).encode(), np.uint8).astype(np.int32)
     head = _broadcast(np.array([status, payload.size], np.int32), 2)

@@ -1,12 +1,14 @@
 """The output of a batch job, written the same way by one process (`run.run_job`), by the
 lead of many (`multihost`) and by a Ray driver (`ray`): one JSON line per finished row,
-`{"id", "seed", "tokens", "text", "finish_reason", "stats"}` (the reason "eos" or
-"length"), appended and synced call by call, and
-`<output>.job.json`, what the job is, written with the first row.
+`{"id", ["sample",] "seed", "tokens", "text", "finish_reason", ["stop",] "stats"}` (the
+reason "eos", "length" or "stop"; "sample" only in the lines of a row of `n` samples),
+appended and synced call by call, and `<output>.job.json`, what the job is, written with
+the first row.
 
 A restart reads the output back (`pending`): the job file must describe the same job, a
-torn last line is cut off (its row runs again), and the finished ids are not run again.
-`merge` rewrites a finished output in the order of its ids' SHA-256 (a Ray job's order);
+torn last line is cut off (its row runs again), and the finished lines, known by their
+id and sample (`input.result_key`), are not run again. `merge` rewrites a finished output
+in the order of its ids' SHA-256 (a Ray job's order), a row's samples in order;
 `Tally` adds up the rows' counters into the job's summary.
 """
 
@@ -19,7 +21,7 @@ import json
 import os
 import pathlib
 
-from jax_specdec.batch.input import JobError, JobRow
+from jax_specdec.batch.input import JobError, JobRow, result_key
 
 __all__ = [
     "Tally",
@@ -46,7 +48,8 @@ def job_file(output: pathlib.Path) -> pathlib.Path:
 
 
 def finished_ids(output: pathlib.Path) -> set[str]:
-    """Ids already in the output; a torn last line (no newline, or not JSON) is cut off."""
+    """The lines already in the output, as `input.result_key`s (an id, or an id and a
+    sample); a torn last line (no newline, or not JSON) is cut off."""
     if not output.exists():
         return set()
     data = output.read_bytes()
@@ -58,7 +61,8 @@ def finished_ids(output: pathlib.Path) -> set[str]:
     done = set()
     for n, text in enumerate(data.decode("utf-8").splitlines(), start=1):
         try:
-            done.add(json.dumps(json.loads(text)["id"]))
+            line = json.loads(text)
+            done.add(result_key(line["id"], line.get("sample")))
         except (json.JSONDecodeError, KeyError, TypeError):
             raise JobError(f"{output} line {n} is not a result line of this tool") from None
     return done
@@ -81,17 +85,17 @@ def check_job(output: pathlib.Path, job: dict) -> None:
 
 
 def pending(rows: list[JobRow], output: pathlib.Path, job: dict) -> tuple[set[str], list[JobRow]]:
-    """Checks that `output` is free or belongs to this job; returns (the finished ids, the
-    rows still to run)."""
+    """Checks that `output` is free or belongs to this job; returns (the finished lines'
+    `result_key`s, the rows (samples, `input.samples`) still to run)."""
     check_job(output, job)
     done = finished_ids(output)
-    unknown = done - {r.key for r in rows}
+    unknown = done - {r.result_key for r in rows}
     if unknown:
         raise JobError(
             f"{output} holds {len(unknown)} id(s) that are not in the input, e.g. "
             f"{sorted(unknown)[0]}: it belongs to a different job"
         )
-    return done, [r for r in rows if r.key not in done]
+    return done, [r for r in rows if r.result_key not in done]
 
 
 def file_digest(path: pathlib.Path) -> str:
@@ -151,19 +155,24 @@ def id_hash(key: str) -> str:
 
 
 def merge(output) -> None:
-    """Rewrites a finished output in the order of its ids' SHA-256 (atomically: a kill
-    leaves the old file or the new one)."""
+    """Rewrites a finished output in the order of its ids' SHA-256, a row's samples in
+    order (atomically: a kill leaves the old file or the new one)."""
     output = pathlib.Path(output)
     if not output.exists():
         return
     text = output.read_text(encoding="utf-8").splitlines(keepends=True)
-    text.sort(key=lambda line: id_hash(json.dumps(json.loads(line)["id"])))
+    text.sort(key=_merge_order)
     merged = output.with_name(output.name + ".merging")
     with open(merged, "w", encoding="utf-8") as f:
         f.write("".join(text))
         f.flush()
         os.fsync(f.fileno())
     os.replace(merged, output)
+
+
+def _merge_order(text: str) -> tuple[str, int]:
+    line = json.loads(text)
+    return id_hash(json.dumps(line["id"])), line.get("sample", 0)
 
 
 def progress_bar(total: int, show: bool):

@@ -2,21 +2,22 @@
 
 The driver reads and checks the input and the output as `run_job` does (`output.pending`:
 the job file, the finished ids; an output of another job is refused). The rows not yet
-in the output are split into shards by the SHA-256 of their id's JSON, and each shard is
-cut into calls as `run_job` cuts its rows (`plan_batches`). The calls are the items of a
-Ray dataset, mapped by a pool of actors: each actor loads the models itself, once
-(`load_worker` gets the job's settings, with the models' paths, not arrays), and runs a
-call as `run_job` does (`run_call`), under the job's one `SamplingPlan`, computed from all
-its rows. Ray restarts an actor that dies and runs its calls again.
+in the output (a row of n samples as n rows, `input.samples`) are split into shards by
+the SHA-256 of their `input.result_key` (the id's JSON, or `[id, sample]`'s), and each
+shard is cut into calls as `run_job` cuts its rows (`plan_batches`). The calls are the
+items of a Ray dataset, mapped by a pool of actors: each actor loads the models itself,
+once (`load_worker` gets the job's settings, with the models' paths, not arrays), and
+runs a call as `run_job` does (`run_call`), under the job's one `SamplingPlan`, computed
+from all its rows. Ray restarts an actor that dies and runs its calls again.
 
 Output: the driver appends each call's lines as they come back (in completion order,
 `output.append`, as `run_job` appends its calls), so a killed job resumes as `run_job`'s
 does and a finished id never runs again. When every row is in, the file is rewritten
 (atomically) in one order that does not depend on the input, the workers or the timing:
-by the SHA-256 of the id's JSON (`output.merge`). A row's line is the one `run_job` writes
-for it (its tokens depend on its seed and prompt only), so the file holds the lines of a
-one-process run, reordered; the job file is the same, and either kind of run resumes the
-other's output.
+by the SHA-256 of the id's JSON, a row's samples in order (`output.merge`). A row's line
+is the one `run_job` writes for it (its tokens depend on its seed and prompt only), so
+the file holds the lines of a one-process run, reordered; the job file is the same, and
+either kind of run resumes the other's output.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 
 import numpy as np
 
-from jax_specdec.batch.input import JobError, JobRow
+from jax_specdec.batch.input import JobError, JobRow, samples
 from jax_specdec.batch.output import Tally, append, id_hash, lines, merge, pending, progress_bar
 from jax_specdec.batch.run import call_limit, plan_batches, run_call
 from jax_specdec.batch.settings import BatchSettings
@@ -46,11 +47,12 @@ def shard_calls(
     by_budget: bool,
     max_len: int | None = None,
 ) -> list[list[JobRow]]:
-    """The calls of `rows`: shard by shard (SHA-256 of the id modulo `shards`), each shard
-    cut by `plan_batches`. Deterministic for a set of rows."""
+    """The calls of `rows`: shard by shard (SHA-256 of the `result_key` modulo `shards`:
+    a row's samples spread over them), each shard cut by `plan_batches`. Deterministic
+    for a set of rows."""
     parts: list[list[JobRow]] = [[] for _ in range(shards)]
     for row in rows:
-        parts[int(id_hash(row.key), 16) % shards].append(row)
+        parts[int(id_hash(row.result_key), 16) % shards].append(row)
     calls = []
     for part in parts:
         calls += plan_batches(part, limit, by_budget=by_budget, max_len=max_len)
@@ -150,7 +152,7 @@ def run_ray_job(
 
     Returns `run_job`'s summary, with the workers.
     """
-    output = pathlib.Path(output)
+    output, rows = pathlib.Path(output), samples(rows)
     done, todo = pending(rows, output, job)
     limit = call_limit(settings.batch_size, settings.slots, settings.rows_per_call)
     workers = settings.ray_workers

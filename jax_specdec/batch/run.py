@@ -2,7 +2,10 @@
 
 Reproducibility: row r is generated with the key of seed_r (`seed_key_data`), where
 seed_r is the row's own `seed` or one derived from the job seed and the row's id alone
-(63 bits of SHA-256, so a million rows do not share a seed).
+(63 bits of SHA-256, so a million rows do not share a seed). A row of n samples runs
+as n rows (`input.samples`), sample i keyed by `input.sample_seed(seed_r, i)`, in the
+same calls and programs as every other row; a row's stop strings cut its text, tokens
+and finish reason on the host after the call (`stop_strings.apply`).
 Rows are sorted by prompt length (then input line); rows of every sampling setting share
 calls, each row sampled by its own (`sampling.RowSampling`) under one `SamplingPlan` for
 the whole job, so the job is one compiled program per call shape. With slots (the
@@ -27,7 +30,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jax_specdec.batch.input import JobError, JobRow
+from jax_specdec import stop_strings
+from jax_specdec.batch.input import JobError, JobRow, samples
 from jax_specdec.batch.output import Tally, append, lines, pending, progress_bar
 from jax_specdec.decode.request import seed_key_data
 from jax_specdec.decode.stats import finish_reasons
@@ -54,7 +58,7 @@ def plan_batches(
     plan = []
     for key in sorted(groups):
         call: list[JobRow] = []
-        for row in sorted(groups[key], key=lambda r: (len(r.tokens), r.line)):
+        for row in sorted(groups[key], key=lambda r: (len(r.tokens), r.line, r.sample or 0)):
             if call and (len(call) == batch_size or not _fits([*call, row], max_len)):
                 plan.append(call)
                 call = []
@@ -143,7 +147,7 @@ def run_job(
     """Runs the rows not yet in `output`, appending one line per row, call by call.
 
     Args:
-      rows: from `read_rows`.
+      rows: from `read_rows` (a row of n samples runs as n rows, `input.samples`).
       output: the results file (created, or resumed).
       generate: fn(prompts: list[list[int]], keys, sampling: RowSampling, max_new_tokens:
         [int]) -> GenerationOutput for one call (speculative or autoregressive).
@@ -165,7 +169,7 @@ def run_job(
     Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round,
     occupancy, and whether `stop` ended it; with `hosts`, the number of processes).
     """
-    output = pathlib.Path(output)
+    output, rows = pathlib.Path(output), samples(rows)
     if hosts is None:
         todo, lead = pending(rows, output, job)[1], True
     else:
@@ -236,17 +240,24 @@ def run_call(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict
     reasons = finish_reasons(out, budgets, getattr(generate, "stop_ids", ()))
     records = []
     for b, row in enumerate(batch):
-        ids = tokens[b, : lengths[b]].tolist()
         stats = {"generated": int(lengths[b]), **{k: int(v[b]) for k, v in counters.items()}}
-        text = None if detokenize is None else detokenize(ids)
-        records.append(
-            {
-                "id": row.id,
-                "seed": row.seed,
-                "tokens": ids,
-                "text": text,
-                "finish_reason": reasons[b],
-                "stats": stats,
-            }
-        )
+        ids = tokens[b, : lengths[b]].tolist()
+        records.append(_record(row, ids, reasons[b], stats, detokenize))
     return records, int(out.stats.slot_rounds)
+
+
+def _record(row: JobRow, ids: list[int], reason: str, stats: dict, detokenize) -> dict:
+    """A row's output line: its id (and sample), seed, tokens and text (cut at its
+    earliest stop string, `stop_strings.apply`: the text before it, the tokens up to the
+    shortest prefix whose text holds it, and the stop string), finish reason and stats
+    (of what the program generated, before any cut)."""
+    text = None if detokenize is None else detokenize(ids)
+    which = None
+    if row.stop and text is not None:
+        ids, text, reason, which = stop_strings.apply(ids, text, reason, row.stop, detokenize)
+    sample = {} if row.sample is None else {"sample": row.sample}
+    line = {"id": row.id, **sample, "seed": row.seed, "tokens": ids, "text": text}
+    line["finish_reason"] = reason
+    if which is not None:
+        line["stop"] = which
+    return {**line, "stats": stats}

@@ -125,6 +125,7 @@ class BatchSettings:
                 "top_p": decode.sampling.top_p,
                 # only when set: job files written before they existed still resume
                 **_set_only(decode.sampling),
+                **_samples_and_stops(decode),
                 "max_new_tokens": self.max_new_tokens,
                 "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
             },
@@ -237,6 +238,12 @@ def _check_writable(flag: str, path: pathlib.Path) -> None:
         raise ValueError(f"{flag}: {path} is a directory; give a file in it")
     if not path.parent.is_dir():
         raise ValueError(f"{flag}: the directory {path.parent} does not exist")
+
+
+def _samples_and_stops(decode: DecodeSettings) -> dict:
+    """--n and --stop in the job file, where they are set (older jobs still resume)."""
+    out: dict = {"n": decode.n} if decode.n != 1 else {}
+    return out | ({"stop": list(decode.stop)} if decode.stop else {})
 
 
 def _set_only(sampling) -> dict:

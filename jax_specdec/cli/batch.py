@@ -19,9 +19,9 @@ def add_parser(sub) -> None:
         help="a resumable JSONL generation job (one result line per input row)",
         description="Input lines: {id, prompt | tokens | messages, [seed, temperature, top_k, "
         "top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, "
-        "max_new_tokens]}. Output lines: {id, seed, tokens, text, "
-        "finish_reason, stats}. A restarted job skips finished ids; a row depends only on the "
-        "job seed and its id (or its seed).",
+        "max_new_tokens, n, stop]}. Output lines: {id, [sample,] seed, tokens, text, "
+        "finish_reason, [stop,] stats}. A restarted job skips finished ids (and samples); a "
+        "row depends only on the job seed and its id (or its seed), and its sample's index.",
     )
     job.add_argument("--input", required=True, help="JSONL prompts")
     job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")
@@ -52,6 +52,7 @@ def add_parser(sub) -> None:
     common.add_round_flags(job)
     job.add_argument("--max-new-tokens", type=int, default=128)
     common.add_sampling_flags(job)
+    common.add_sample_flags(job, "row (a row's own 'n' overrides it)")
     job.add_argument(
         "--on-error",
         choices=["stop", "skip"],
@@ -149,6 +150,8 @@ def _load(settings, mesh) -> _Job:
         on_error=settings.on_error,
         max_len=max_len,
         chat_template=functools.partial(load_chat_template, loaded.target_dir),
+        n=settings.decode.n if settings.decode.n != 1 else None,
+        stop=settings.decode.stop,
     )
     return _Job(loaded, eos, max_len, rows, errors)
 
@@ -204,9 +207,6 @@ class _Interrupt:
 
     def __exit__(self, *exc):
         signal.signal(signal.SIGINT, self._old)
-
-
-INTERRUPTED = "interrupted; run the same command again to resume"
 
 
 INTERRUPTED = "interrupted; run the same command again to resume"

@@ -120,6 +120,24 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sample_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """--n and --stop: samples per prompt and the stop strings that cut a text."""
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help=f"samples per {what}: sample 0 keyed as a lone sample is, sample i >= 1 by a "
+        "seed derived from that seed and i alone (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stop",
+        action="append",
+        metavar="STR",
+        help="a stop string (repeatable): the text is cut before the earliest one found, "
+        "finish_reason 'stop'",
+    )
+
+
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """--dtype and --mesh: how the models are held."""
     parser.add_argument(

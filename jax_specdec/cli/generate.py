@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     common.add_round_flags(gen)
     common.add_model_flags(gen)
     common.add_sampling_flags(gen)
+    common.add_sample_flags(gen, "prompt")
     gen.add_argument(
         "--chat",
         action="store_true",
@@ -87,18 +88,40 @@ def _encode(chat: bool, loaded, prompts: list[str]) -> list[list[int]]:
     return [encode_chat(loaded.tokenizer, template, user(p)) for p in prompts]
 
 
+def _keys(seed: int, prompts: int, n: int):
+    """The rows' keys: prompt p's sample i (row p * n + i) gets fold_in(key(seed_i), p),
+    seed_0 the seed and seed_i `batch.input.sample_seed(seed, i)`; with n = 1 the one key
+    (row p: fold_in(key(seed), p) in the loop)."""
+    import jax
+    import numpy as np
+
+    from jax_specdec.batch.input import sample_seed
+    from jax_specdec.decode.request import seed_key_data
+
+    if n == 1:
+        return jax.random.wrap_key_data(seed_key_data(seed))  # jax.random.key below 2**32
+    fold = jax.vmap(jax.random.fold_in, (None, 0))
+    index = np.arange(prompts, dtype=np.uint32)
+    keys = [
+        fold(jax.random.wrap_key_data(seed_key_data(sample_seed(seed, i))), index) for i in range(n)
+    ]
+    return jax.numpy.stack(keys, axis=1).reshape(prompts * n)  # row p * n + i
+
+
 def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
-    """Runs (and with --compare, times) the speculative and autoregressive programs."""
+    """Runs (and with --compare, times) the speculative and autoregressive programs, each
+    prompt's --n samples as rows of one call."""
     import time
 
     import jax
 
     from jax_specdec.bench import measure
     from jax_specdec.decode import Generator
-    from jax_specdec.decode.request import seed_key_data
+
     shared = dict(sampling=settings.sampling, eos_token_id=settings.eos_token_id(loaded), mesh=mesh)
     spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
-    key = jax.random.wrap_key_data(seed_key_data(settings.seed))  # jax.random.key below 2**32
+    key = _keys(settings.seed, len(ids), settings.n)
+    ids = [row for row in ids for _ in range(settings.n)]
     run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
     if args.verbose:
         print(run.memory_plan.describe(), file=sys.stderr)
@@ -121,8 +144,9 @@ def _check_finite(args, result) -> None:
     outputs = [result["out"]] + ([result["ar"].output] if "ar" in result else [])
     bad = np.flatnonzero(np.any([np.asarray(o.stats.nonfinite) for o in outputs], axis=0))
     if bad.size:
+        prompts = sorted({int(b) // args.n + 1 for b in bad})  # rows: --n per prompt
         raise ValueError(
-            f"NaN/inf logits met for prompt(s) {(bad + 1).tolist()}: the weights of "
+            f"NaN/inf logits met for prompt(s) {prompts}: the weights of "
             f"--target {args.target} or --draft {args.draft} hold NaN/inf or are corrupt"
         )
 
@@ -149,19 +173,37 @@ def _summary(result: dict) -> dict:
     return summary
 
 
-def _print(args, prompts, results, summary) -> None:
-    """Each prompt's (text, tokens, finish reason), and the summary."""
-    results = list(results)
-    texts = [text for text, _, _ in results]
+def _rows(settings: DecodeSettings, args, prompts, result, tokenizer) -> list[dict]:
+    """Each row's output: its prompt (and sample, with --n), text, tokens and finish
+    reason, cut at the earliest --stop string (`stop_strings.apply`, with "stop")."""
+    import numpy as np
+
+    from jax_specdec import stop_strings
+    from jax_specdec.decode.stats import finish_reasons
+
+    out, rows = result["out"], []
+    reasons = finish_reasons(out, args.max_new_tokens, result["stop_ids"])
+    for b, length in enumerate(np.asarray(out.lengths)):
+        ids = np.asarray(out.tokens)[b, : int(length)].tolist()
+        row = stop_strings.apply(
+            ids, tokenizer.decode(ids), reasons[b], settings.stop, tokenizer.decode
+        )
+        sample = {} if settings.n == 1 else {"sample": b % settings.n}
+        line = {"prompt": prompts[b // settings.n], **sample, "text": row.text}
+        line |= {"tokens": row.tokens, "finish_reason": row.finish_reason}
+        rows.append(line | ({} if row.stop is None else {"stop": row.stop}))
+    return rows
+
+
+def _print(args, rows: list[dict], summary) -> None:
+    """Each row's text (with --json all of it), and the summary."""
     if args.json:
-        rows = [
-            {"prompt": p, "text": t, "tokens": ids, "finish_reason": why}
-            for p, (t, ids, why) in zip(prompts, results, strict=True)
-        ]
         print(json.dumps({"outputs": rows, "stats": summary}, indent=2))
         return
-    for prompt, text in zip(prompts, texts, strict=True):
-        print(prompt + text)
+    for row in rows:
+        if "sample" in row:
+            print(f"[sample {row['sample']}]")
+        print(row["prompt"] + row["text"])
         print("-" * 60)
     compared = "speedup" in summary
     line = (
@@ -179,9 +221,6 @@ def _print(args, prompts, results, summary) -> None:
 
 
 def run(args, parser) -> int:
-    import numpy as np
-
-    from jax_specdec.decode.stats import finish_reasons
     from jax_specdec.settings import parse_mesh
 
     try:
@@ -196,9 +235,6 @@ def run(args, parser) -> int:
         _check_finite(args, result)
     except (ValueError, OSError) as e:
         common.fail(parser, e)
-    out = result["out"]
-    tokens = [np.asarray(out.tokens)[b, : int(n)].tolist() for b, n in enumerate(out.lengths)]
-    texts = [tokenizer.decode(t) for t in tokens]
-    reasons = finish_reasons(out, args.max_new_tokens, result["stop_ids"])
-    _print(args, prompts, zip(texts, tokens, reasons, strict=True), _summary(result))
+    rows = _rows(settings, args, prompts, result, tokenizer)
+    _print(args, rows, _summary(result))
     return 0
