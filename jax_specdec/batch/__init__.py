@@ -4,15 +4,27 @@ Input (`input`): one JSON object per line with an `id` (string or integer, uniqu
 one of a `prompt` (text), `tokens` (ids) or `messages` (role/content objects, rendered
 by the target's chat template); optionally `seed` (integer >= 0), `temperature`,
 `top_k`, `top_p`, `min_p`, `repetition_penalty`, `presence_penalty`,
-`frequency_penalty`, `logit_bias` (an object {"id": bias}) and `max_new_tokens`
-overriding the job's defaults. Every input line is checked when the file is read,
+`frequency_penalty`, `logit_bias` (an object {"id": bias}), `max_new_tokens`, `n`
+(samples, an integer >= 1) and `stop` (a string or a list of strings) overriding the
+job's defaults (`--n`, `--stop`). Every input line is checked when the file is read,
 before anything is compiled or written.
 
-Output (`output`): one JSON object per finished row, `{"id", "seed", "tokens", "text",
-"finish_reason", "stats"}` ("eos": it emitted a stop id; "length": its budget),
+A row of `n` samples runs as n rows in the same calls and programs as the others:
+sample 0 with the row's seed, sample i >= 1 with a seed derived from that seed and i
+alone (`input.sample_seed`), so sample i does not depend on n or on the batch. A row's
+stop strings cut its text on the host, at the earliest one found
+(`jax_specdec.stop_strings`): the text before it, the tokens up to the shortest prefix
+whose text holds it, finish reason "stop".
+
+Output (`output`): one JSON object per finished row (per sample),
+`{"id", ["sample",] "seed", "tokens", "text", "finish_reason", ["stop",] "stats"}`
+("eos": it emitted a stop id; "length": its budget; "stop": a stop string cut it, named
+in "stop"; "sample" only in the lines of a row given an `n` or of a job of `--n` above
+1; "seed" the sample's; "stats" count what the program generated, before any cut),
 appended and synced call by call, plus `<output>.job.json` recording what the job is
-(models, seed, schedule, defaults, input), written with the first row: a restart with a
-different job is refused.
+(models, seed, schedule, defaults, with `--n` and `--stop` where set), written with the
+first row: a restart with a different job is refused. A restart runs only the lines
+(id, sample) not yet in the output.
 
 Running (`run`): in one process (`run_job`), over the processes of a `jax.distributed`
 run (`multihost`), or over a Ray cluster (`ray`); all three write the same lines for a
