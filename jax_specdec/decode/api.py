@@ -205,18 +205,11 @@ class Generator:
         request = make_request(
             prompts, prompt_lengths, key, max_new_tokens, sampling, vocab_size=self.vocab_size
         )
-        if stop_sequences is not None:
-            stops = stop_array(per_row(stop_sequences, request.batch), self.vocab_size)
-            request = dataclasses.replace(request, sampling=request.sampling.with_stops(stops))
+        request = self._with_stops(request, stop_sequences)
         limit = min(m.config.max_len for _, m in self._models)
         if request.prompts.shape[1] + request.max_new_tokens > limit:  # padding too wide
             request = request.trimmed()
-        if num_slots is not None:
-            num_slots = check_int("num_slots", num_slots, 1)
-            if num_slots > request.batch:
-                raise ValueError(
-                    f"num_slots ({num_slots}) exceeds the number of prompts ({request.batch})"
-                )
+        num_slots = _check_slots(num_slots, request.batch)
         for name, model in self._models:
             _check_fits(model, name, request)
         spec = None if logprobs is None else LogprobSpec(logprobs, logprob_kind)
@@ -226,6 +219,13 @@ class Generator:
         plan = self._memory_plan(config, args.prompts.shape[0] if num_slots is None else num_slots)
         plan.check()  # before anything is compiled
         return Run(config, request, args, order, memory_plan=plan)
+
+    def _with_stops(self, request: Request, stop_sequences) -> Request:
+        """`request` with the rows' stop sequences (`decode.stop_tokens`), if any."""
+        if stop_sequences is None:
+            return request
+        stops = stop_array(per_row(stop_sequences, request.batch), self.vocab_size)
+        return dataclasses.replace(request, sampling=request.sampling.with_stops(stops))
 
     def _memory_plan(self, config: LoopConfig, rows: int) -> MemoryPlan:
         width = 1 if self.schedule is None else self.schedule.max_gamma + 1
@@ -342,6 +342,15 @@ def _acceptance_rule(acceptance: str, rule: Callable | None, tree) -> Callable:
     if not callable(rule):
         raise TypeError(f"_rule must be a function, got {type(rule).__name__}")
     return rule
+
+
+def _check_slots(num_slots, batch: int) -> int | None:
+    if num_slots is None:
+        return None
+    num_slots = check_int("num_slots", num_slots, 1)
+    if num_slots > batch:
+        raise ValueError(f"num_slots ({num_slots}) exceeds the number of prompts ({batch})")
+    return num_slots
 
 
 def _check_fits(model, name: str, request: Request) -> None:

@@ -55,15 +55,7 @@ def verify(
     # Position t follows the pending token and drafts 0 … t - 1: they count as seen.
     before = jnp.tril(jnp.ones((width + 1, width), bool), -1)
     adjusted = adjust(logits, state.sampling, state.seen, proposal.tokens, before)
-    if width == 0:
-        first = adjusted[:, 0]
-        token = draw(noise.draws, first, state.sampling.probs(first), state.sampling)
-        result = AcceptResult(jnp.zeros_like(counts), token)
-    else:
-        p = state.sampling.probs(adjusted)  # [B, w + 1, V]
-        result = config.acceptance(
-            noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
-        )
+    result = _decide(adjusted, state.sampling, proposal, counts, noise, config)
     accepted = result.num_accepted
     new_tokens = jnp.concatenate([proposal.tokens, result.next_token[:, None]], axis=1)
     idx = jnp.arange(width + 1, dtype=jnp.int32)
@@ -84,3 +76,17 @@ def verify(
     if reads_features(config.drafter):
         features = jnp.pad(hidden[0], ((0, 0), (0, size - width - 1), (0, 0)))
     return state, pad_entries((keys, values), size), features
+
+
+def _decide(adjusted, sampling, proposal: Proposal, counts, noise: Noise, config: LoopConfig):
+    """The acceptance step on the target's adjusted logits [B, w + 1, V] (w = 0: the
+    plain step's draw)."""
+    width = proposal.tokens.shape[1]
+    if width == 0:
+        first = adjusted[:, 0]
+        token = draw(noise.draws, first, sampling.probs(first), sampling)
+        return AcceptResult(jnp.zeros_like(counts), token)
+    p = sampling.probs(adjusted)  # [B, w + 1, V]
+    return config.acceptance(
+        noise.uniforms[:, :width], noise.draws, proposal.tokens, proposal.probs, p, counts
+    )
