@@ -152,3 +152,20 @@ def test_output_of_another_job_is_refused_and_kept(pair, reference, tmp_path, ca
     with pytest.raises(SystemExit):
         run(pair, inp, out, "--ray", "--ray-worker-resources", "CPU")
     assert "--ray-worker-resources must be" in capsys.readouterr().err
+
+
+def test_rows_of_samples_and_stops_write_the_lines_of_one_process(pair, cluster, tmp_path, capsys):
+    """A row of 3 samples and rows with stop strings: the one-process job's lines, the
+    samples spread over the shards and merged back in order."""
+    from jax_specdec.batch.output import merge
+
+    rows = [{**ROWS[0], "n": 3, "stop": ["e", "a"]}, {**ROWS[1], "stop": "_"}, ROWS[2]]
+    inp = write_input(tmp_path / "in.jsonl", rows)
+    single, out = tmp_path / "one.jsonl", tmp_path / "ray.jsonl"
+    assert run(pair, inp, single) == 0
+    merge(single)
+    assert run(pair, inp, out, "--ray") == 0
+    capsys.readouterr()
+    assert out.read_text() == single.read_text()
+    samples = [json.loads(t).get("sample") for t in out.read_text().splitlines()]
+    assert [s for s in samples if s is not None] == [0, 1, 2]
