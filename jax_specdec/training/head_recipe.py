@@ -191,20 +191,10 @@ def build_head(
     `kind` "eagle3" builds an EAGLE-3 head reading the target's `aux_layers` (default:
     a low, a middle and a high one), saved in the `speculators` format.
     """
-    if kind not in HEAD_KINDS:
-        raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}")
-    if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
-        raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")
-    if kind == "eagle3":
-        if init is not None:
-            raise ValueError(
-                "init applies to feature heads; an EAGLE-3 head starts from the target"
-            )
-        config = _eagle3_config(target, kept, layers, aux_layers, target_name)
-    elif aux_layers is not None:
-        raise ValueError("aux_layers applies to EAGLE-3 heads (kind 'eagle3') only")
-    else:
-        config = _head_config(target, tokenizer, init, kept, layers, target_name)
+    config = _recipe_config(
+        target, tokenizer, out, kind=kind, init=init, kept=kept, layers=layers,
+        aux_layers=aux_layers, target_name=target_name,
+    )  # fmt: skip
     init_training = None if init is None else _training_record(init)
     run_dir = pathlib.Path(work_dir) / "runs" / run_name
     _record_start(run_dir, init)
@@ -221,7 +211,6 @@ def build_head(
     log = train_head(
         head, target, train_set, valid_set, train, checkpoint_dir=run_dir, stop_after=stop_after
     )
-    vocab_map = np.asarray(head.vocab_map[...])  # the run's (a resumed one's, too)
     if kind == "feature":
         save_head(head, out, dtype=weights_dtype)
     else:
@@ -235,16 +224,42 @@ def build_head(
         "aux_layers": list(aux),
         "init": None if init is None else str(init),
         "init_training": init_training,
+        **_outcome(head, target, train_set, valid_set, log),
+        "feature_seconds_this_call": round(extract_seconds, 1),
+    }
+    pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _recipe_config(target, tokenizer, out, *, kind, init, kept, layers, aux_layers, target_name):
+    """The head's config for `build_head`'s arguments, which it checks first."""
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}")
+    if init is not None and pathlib.Path(out).resolve() == pathlib.Path(init).resolve():
+        raise ValueError(f"--out {out} is the --init head: the run would overwrite its start")
+    if kind == "eagle3":
+        if init is not None:
+            raise ValueError(
+                "init applies to feature heads; an EAGLE-3 head starts from the target"
+            )
+        return _eagle3_config(target, kept, layers, aux_layers, target_name)
+    if aux_layers is not None:
+        raise ValueError("aux_layers applies to EAGLE-3 heads (kind 'eagle3') only")
+    return _head_config(target, tokenizer, init, kept, layers, target_name)
+
+
+def _outcome(head, target, train_set, valid_set, log: dict) -> dict:
+    """What a build measured: the data's size, the kept tokens' coverage of the held-out
+    greedy tokens, the training's time and steps, and the held-out agreement."""
+    vocab_map = np.asarray(head.vocab_map[...])  # the run's (a resumed one's, too)
+    return {
         "train_tokens": int(train_set.tokens.size),
         "kept_coverage_validation_greedy": _coverage(valid_set, vocab_map),
-        "feature_seconds_this_call": round(extract_seconds, 1),
         "train_seconds": round(log["seconds"], 1),
         "steps": log["steps"],
         "agreement": agreement(head, valid_set, target.embed[...], steps=3),
         "agreement_log": log["agreement"],
     }
-    pathlib.Path(out, "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 # An EAGLE-3 head's layers are Llama-style whatever the target's family (the speculators
