@@ -105,26 +105,55 @@ def main(argv=None) -> int:
         return 0
     target, draft = load_model(target_dir), load_model(draft_dir)
     tokenizer = load_tokenizer(target_dir)
-    corpus = stdlib_corpus()
-    prompts_text = benchmark_prompts(corpus, 32)
+    prompts_text = benchmark_prompts(stdlib_corpus(), 32)
     (MODELS / "prompts.txt").write_text(
         "".join(p.replace("\\", "\\\\").replace("\n", "\\n") + "\n" for p in prompts_text)
     )
     prompts = [tokenizer.encode(p).ids for p in prompts_text[:NUM_PROMPTS]]
+    steps, rows = _measure(target, draft, prompts)
+    t_info = json.loads((target_dir / "training.json").read_text())
+    d_info = json.loads((draft_dir / "training.json").read_text())
+    figures = {
+        "target_validation_loss": t_info["validation_loss"],
+        "draft_validation_loss_before_distillation": d_info["validation_loss_before"],
+        "draft_validation_loss": d_info["validation_loss"],
+        "alpha_before": d_info["alpha_before"],
+        "alpha_after": d_info["alpha_after"],
+        "target_step_ms": 1e3 * steps["target"],
+        "draft_step_ms": 1e3 * steps["draft"],
+        "draft_cost_ratio": steps["target"] / steps["draft"],
+        "greedy_batch1": rows,
+        "prompts": NUM_PROMPTS,
+        "max_new_tokens": MAX_NEW,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
+    speed_md, alpha_md = _write_pair_doc(args.out, figures, d_info)
+    _write_cards(target_dir, draft_dir, tokenizer, steps, (speed_md, alpha_md))
+    print(speed_md)
+    print(alpha_md)
+    return 0
+
+
+def _measure(target, draft, prompts) -> tuple[dict, list[dict]]:
+    """One-step times of target and draft ({"target", "draft", "draft_first"}, seconds)
+    and a row per γ: speed against autoregressive decoding, α, tokens per round, the
+    verify's time and the speed-up the step times predict."""
     context = int(np.mean([len(p) for p in prompts])) + MAX_NEW // 2
     cache_len = max(len(p) for p in prompts) + MAX_NEW + max(GAMMAS)
-    part = lambda m, t: (
-        decode_step_time(  # noqa: E731
-            m, batch=1, tokens_per_call=t, context=context, cache_len=cache_len
+
+    def part(model, tokens):
+        return decode_step_time(
+            model, batch=1, tokens_per_call=tokens, context=context, cache_len=cache_len
         ).median
-    )
-    target_step, draft_step, draft_first = part(target, 1), part(draft, 1), part(draft, 2)
-    greedy = SamplingConfig(temperature=0.0)
-    ar_time, speeds = _speed(target, draft, prompts, greedy)
+
+    steps = {"target": part(target, 1), "draft": part(draft, 1), "draft_first": part(draft, 2)}
+    ar_time, speeds = _speed(target, draft, prompts, SamplingConfig(temperature=0.0))
     rows = []
     for gamma, (spec_time, alpha, tpr) in zip(GAMMAS, speeds, strict=True):
         verify = part(target, gamma + 1)
-        round_parts = draft_first + (gamma - 1) * draft_step + verify
+        round_parts = steps["draft_first"] + (gamma - 1) * steps["draft"] + verify
+        predicted = expected_tokens_per_round(alpha, gamma) * steps["target"] / round_parts
         rows.append(
             {
                 "gamma": gamma,
@@ -133,31 +162,20 @@ def main(argv=None) -> int:
                 "tokens_per_round": tpr,
                 "verify_ms": 1e3 * verify,
                 "round_parts_ms": 1e3 * round_parts,
-                "predicted_speedup": expected_tokens_per_round(alpha, gamma)
-                * target_step
-                / round_parts,
+                "predicted_speedup": predicted,
             }
         )
         print(rows[-1], file=sys.stderr)
+    return steps, rows
+
+
+def _write_cards(target_dir, draft_dir, tokenizer, steps: dict, tables) -> None:
+    """The README.md of each shipped model: what it is, its corpus, how it was trained,
+    and the pair's `tables` (speed, acceptance)."""
     t_info = json.loads((target_dir / "training.json").read_text())
     d_info = json.loads((draft_dir / "training.json").read_text())
     pre = json.loads((draft_dir / "pretraining.json").read_text())
-    figures = {
-        "target_validation_loss": t_info["validation_loss"],
-        "draft_validation_loss_before_distillation": d_info["validation_loss_before"],
-        "draft_validation_loss": d_info["validation_loss"],
-        "alpha_before": d_info["alpha_before"],
-        "alpha_after": d_info["alpha_after"],
-        "target_step_ms": 1e3 * target_step,
-        "draft_step_ms": 1e3 * draft_step,
-        "draft_cost_ratio": target_step / draft_step,
-        "greedy_batch1": rows,
-        "prompts": NUM_PROMPTS,
-        "max_new_tokens": MAX_NEW,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "shipped_pair.json").write_text(json.dumps(figures, indent=2))
-    speed_md, alpha_md = _write_pair_doc(args.out, figures, d_info)
+    speed_md, alpha_md = tables
     corpus_line = (
         f"the .py files of the Python {t_info['corpus']['python_version']} standard library "
         f"(tests, IDLE, tkinter, lib2to3 excluded): {t_info['corpus']['train_files']} training "
@@ -169,7 +187,6 @@ def main(argv=None) -> int:
     cards = {
         target_dir: (
             "stdlib-target",
-            t_info,
             f"Llama-style target, {t_info['parameters']:,} parameters "
             f"(d={t_info['config']['d_model']}, {t_info['config']['num_layers']} layers, "
             f"{t_info['config']['num_heads']} heads / {t_info['config']['num_kv_heads']} "
@@ -181,10 +198,9 @@ def main(argv=None) -> int:
         ),
         draft_dir: (
             "stdlib-draft",
-            d_info,
             f"Llama-style draft, {d_info['parameters']:,} parameters "
             f"(d={d_info['config']['d_model']}, {_layers(d_info['config']['num_layers'])}), "
-            f"{target_step / draft_step:.0f}x cheaper per decode step than the target.",
+            f"{steps['target'] / steps['draft']:.0f}x cheaper per decode step than the target.",
             f"Pre-trained {pre['train']['steps']} steps ({pre['tokens_seen']:,} tokens, "
             f"{pre['train_seconds_total'] / 60:.0f} min, validation loss "
             f"{pre['validation_loss']:.3f}), then distilled towards stdlib-target for "
@@ -193,7 +209,7 @@ def main(argv=None) -> int:
             f"validation loss {d_info['validation_loss']:.3f}.",
         ),
     }
-    for directory, (name, _info, what, how) in cards.items():
+    for directory, (name, what, how) in cards.items():
         (directory / "README.md").write_text(
             f"# {name}\n\n{what}\n\nCorpus: {corpus_line}. Byte-level BPE tokenizer with "
             f"{tokenizer.get_vocab_size()} tokens (`tokenizer.json`, shared by the pair), "
@@ -204,9 +220,6 @@ def main(argv=None) -> int:
             "`transformers.AutoModelForCausalLM.from_pretrained`. `training.json` holds the "
             "full training record. Built by `scripts/build_models.sh`.\n"
         )
-    print(speed_md)
-    print(alpha_md)
-    return 0
 
 
 if __name__ == "__main__":
