@@ -46,6 +46,8 @@ class DecodeSettings:
       n: samples per prompt (--n); sample 0 keyed as one sample is, sample i >= 1 by a
         seed derived from the seed and i alone.
       stop: stop strings (--stop): each text is cut at the earliest (`stop_strings`).
+      logprobs: alternatives per token written with the log-probabilities (--logprobs;
+        None: none); logprob_kind: "processed" or "raw" (`decode.logprobs`).
     """
 
     target: str
@@ -60,6 +62,8 @@ class DecodeSettings:
     dtype: str | None = None
     n: int = 1
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    logprob_kind: str = "processed"
 
     @classmethod
     def from_args(cls, args, *, draft: str | None) -> DecodeSettings:
@@ -100,6 +104,8 @@ class DecodeSettings:
             dtype=None if getattr(args, "dtype", "auto") == "auto" else args.dtype,
             n=_check_n(getattr(args, "n", 1)),
             stop=stop_strings.check(getattr(args, "stop", None), "--stop"),
+            logprobs=_check_logprobs(getattr(args, "logprobs", None)),
+            logprob_kind=getattr(args, "logprob_kind", "processed"),
         )
 
     def check_context(self, max_len: int) -> None:
@@ -135,6 +141,12 @@ class DecodeSettings:
         return dict(
             num_draft_tokens=self.num_draft_tokens, tree=self.tree, acceptance=self.acceptance
         )
+
+
+def _check_logprobs(top: int | None) -> int | None:
+    if top is not None and not 0 <= top <= 20:
+        raise ValueError(f"--logprobs must lie in [0, 20], got {top}")
+    return top
 
 
 def _check_n(n: int) -> int:

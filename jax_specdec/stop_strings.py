@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-__all__ = ["Stopped", "apply", "check", "cut", "token_prefix"]
+__all__ = ["Stopped", "apply", "check", "cut", "token_prefix", "token_sequences"]
 
 
 def check(value, name: str) -> tuple[str, ...]:
@@ -26,6 +26,14 @@ def check(value, name: str) -> tuple[str, ...]:
     if any(not s for s in items):
         raise ValueError(f"{name} must not hold an empty string")
     return tuple(items)
+
+
+def token_sequences(tokenizer, stops: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """Each stop string's own tokenization (no special tokens added), for the loop to end
+    a row as soon as it emits one (`Generator(stop_sequences=...)`); a string that
+    encodes to no tokens is left to the host's cut."""
+    encoded = (tuple(tokenizer.encode(s, add_special_tokens=False).ids) for s in stops)
+    return tuple(ids for ids in encoded if ids)
 
 
 def cut(text: str, stops: Sequence[str]) -> tuple[str, str | None]:

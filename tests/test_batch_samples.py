@@ -129,6 +129,43 @@ def test_merge_keeps_a_rows_samples_in_order(tmp_path):
     assert [r.get("sample") for r in merged if r["id"] == "b"] == [0, 1, 2]
 
 
+def _first_end(tokens, sequences) -> int | None:
+    """The length of the shortest prefix of `tokens` ending with one of `sequences`."""
+    for end in range(1, len(tokens) + 1):
+        if any(len(q) <= end and tokens[end - len(q) : end] == q for q in sequences):
+            return end
+    return None
+
+
+def test_logprobs_of_the_rows_that_ask(pair, jobs, tmp_path):
+    """At T = 1 without transforms a row's log-probabilities are the model's: equal to
+    `score` of its prompt and tokens; N alternatives for "logprobs": N, none without."""
+    from jax_specdec import score
+    from jax_specdec.io.hf import load_model
+
+    asks = {0: 2, "x1": 0}
+    rows = [{**r, "logprobs": asks[r["id"]]} if r["id"] in asks else r for r in BASE]
+    out = tmp_path / "lp.jsonl"
+    assert run(pair, write_input(tmp_path / "lp.in.jsonl", rows), out) == 0
+    base, got = by_key(jobs["base"]), by_key(out)
+    target = load_model(pair / "target")
+    for r in BASE:
+        row = got[(r["id"], None)]
+        assert row["tokens"] == base[(r["id"], None)]["tokens"]
+        if r["id"] not in asks:
+            assert "logprobs" not in row
+            continue
+        entries = row["logprobs"]
+        assert len(entries) == len(row["tokens"])
+        assert all(len(e["top"]) == asks[r["id"]] for e in entries)
+        expected = score(target, [r["tokens"]], [row["tokens"]]).logprobs[0]
+        assert [e["logprob"] for e in entries] == pytest.approx(list(expected), abs=1e-5)
+        for e in entries:  # the most likely first, none less likely than the emitted
+            values = [v for _, v in e["top"]]
+            assert values == sorted(values, reverse=True)
+            assert not values or values[0] >= e["logprob"] - 1e-6
+
+
 def _substrings(text: str) -> tuple[str, str] | None:
     """Two printable ASCII characters of `text` (the random models' texts hold few), each
     first found where it is taken, the second after the first; or None."""
@@ -143,7 +180,8 @@ def _substrings(text: str) -> tuple[str, str] | None:
 
 def test_stop_strings_cut_text_tokens_and_finish_reason(pair, jobs, tmp_path, capsys):
     base = by_key(jobs["base"])
-    decode = load_tokenizer(pair / "target").decode
+    tokenizer = load_tokenizer(pair / "target")
+    decode = tokenizer.decode
     picked = {k: _substrings(r["text"]) for k, r in base.items()}
     two = next(k for k, p in picked.items() if p is not None)  # early, late
     one = next(k for k, p in picked.items() if p is not None and k != two)
@@ -157,6 +195,7 @@ def test_stop_strings_cut_text_tokens_and_finish_reason(pair, jobs, tmp_path, ca
     assert run(pair, inp, out, "--stop", picked[flag][0]) == 0
     got = by_key(out)
     cases = {two: early, one: picked[one][1], flag: picked[flag][0]}
+    row_stops = {two: [late, early], one: [picked[one][1]], flag: [picked[flag][0]]}
     for key, stop in cases.items():
         row, text = got[key], base[key]["text"]
         assert (row["finish_reason"], row["stop"]) == ("stop", stop), key
@@ -164,7 +203,10 @@ def test_stop_strings_cut_text_tokens_and_finish_reason(pair, jobs, tmp_path, ca
         n = len(row["tokens"])
         assert row["tokens"] == base[key]["tokens"][:n]
         assert stop in decode(row["tokens"]) and stop not in decode(row["tokens"][:-1])
-        assert row["stats"] == base[key]["stats"]  # what the program generated
+        # The program ended the row where one of its stops' own tokenizations completed.
+        own = [tokenizer.encode(t, add_special_tokens=False).ids for t in row_stops[key]]
+        generated = len(base[key]["tokens"])
+        assert row["stats"]["generated"] == (_first_end(base[key]["tokens"], own) or generated)
     absent = next(k for k in base if k not in cases)
     assert got[absent] == base[absent] and "stop" not in got[absent]  # finish_reason "length"
     job = json.loads((tmp_path / "stop.jsonl.job.json").read_text())

@@ -126,7 +126,8 @@ def test_a_sequence_in_the_prompt_does_not_stop(target):
 @pytest.mark.parametrize(
     ("stops", "message"),
     [
-        ([[]], "row 0: a stop sequence needs at least one token"),
+        ([[[1], []], [[2]]], "row 0: a stop sequence needs at least one token"),
+        ([[]], r"one such list per prompt \(\[B\] = \[2\] lists\)"),
         ([[VOCAB]], rf"row 0: stop token ids must lie in \[0, {VOCAB}\)"),
         ("ab", "stop_sequences must be a list of token-id lists"),
         ([[[1]], [[2]], [[3]]], r"one such list per prompt \(\[B\] = \[2\] lists\)"),

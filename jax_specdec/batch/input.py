@@ -35,7 +35,16 @@ _SAMPLING_FIELDS = (
     "logit_bias",
 )
 _PROMPT_FIELDS = ("prompt", "tokens", "messages")
-_KNOWN = {"id", *_PROMPT_FIELDS, "seed", "max_new_tokens", "n", "stop", *_SAMPLING_FIELDS}
+_KNOWN = {
+    "id",
+    *_PROMPT_FIELDS,
+    "seed",
+    "max_new_tokens",
+    "n",
+    "stop",
+    "logprobs",
+    *_SAMPLING_FIELDS,
+}
 
 
 class JobError(ValueError):
@@ -51,6 +60,8 @@ class JobRow:
     sampling: SamplingConfig
     max_new_tokens: int
     stop: tuple[str, ...] = ()
+    stop_tokens: tuple[tuple[int, ...], ...] = ()  # the stop strings' tokenizations
+    logprobs: int | None = None  # alternatives per token in the output; None: no logprobs
     n: int | None = None  # samples of the row; None: one, written without "sample"
     sample: int | None = None  # which sample this row is (`samples`); None: not expanded
 
@@ -137,13 +148,14 @@ def _row(obj, line: int, defaults: dict) -> JobRow:
             f"line {line} (id {json.dumps(row_id)}): its prompt of {len(tokens)} tokens and "
             f"max_new_tokens {new} exceed the models' context of {max_len} tokens"
         )
-    n, stop = _samples_and_stops(obj, f"line {line} (id {json.dumps(row_id)})", defaults)
-    return JobRow(row_id, line, tokens, seed, row_sampling, new, stop=stop, n=n)
+    extra = _output_fields(obj, f"line {line} (id {json.dumps(row_id)})", defaults)
+    return JobRow(row_id, line, tokens, seed, row_sampling, new, **extra)
 
 
-def _samples_and_stops(obj: dict, where: str, defaults: dict) -> tuple[int | None, tuple]:
-    """The row's `n` (None: one sample, unnamed in the output) and `stop` strings, each
-    its own or the job's; a JobError naming the row otherwise."""
+def _output_fields(obj: dict, where: str, defaults: dict) -> dict:
+    """The row's `n` (None: one sample, unnamed in the output), `stop` strings (and their
+    tokenizations) and `logprobs`, each its own or the job's; a JobError naming the row
+    otherwise."""
     n = obj.get("n", defaults["n"])
     if n is not None and (
         isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES
@@ -155,7 +167,13 @@ def _samples_and_stops(obj: dict, where: str, defaults: dict) -> tuple[int | Non
         raise JobError(f"{where}: {e}") from None
     if stop and defaults["tokenizer"] is None:
         raise JobError(f"{where}: 'stop' strings need the target's tokenizer")
-    return n, stop
+    logprobs = obj.get("logprobs", defaults["logprobs"])
+    if logprobs is not None and (
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20
+    ):
+        raise JobError(f"{where}: 'logprobs' must be an integer in [0, 20], got {logprobs!r}")
+    stop_tokens = stop_strings.token_sequences(defaults["tokenizer"], stop) if stop else ()
+    return dict(n=n, stop=stop, stop_tokens=stop_tokens, logprobs=logprobs)
 
 
 def _prompt_tokens(obj: dict, line: int, defaults: dict) -> tuple[int, ...]:
@@ -219,15 +237,17 @@ def read_rows(
     chat_template=None,
     n: int | None = None,
     stop: tuple[str, ...] = (),
+    logprobs: int | None = None,
 ) -> tuple[list[JobRow], list[dict]]:
     """Parses the input file. Returns (rows, errors); with on_error="stop" the first bad
     line raises a `JobError` naming its line number, with "skip" it is listed in errors.
     `chat_template`: a function returning the target's `io.chat.ChatTemplate` (or None),
     called once, at the first row with `messages`.
     A duplicate id is an error of the later line; so is a row whose prompt and budget do
-    not fit in `max_len` tokens (the models' context), when given. `n` and `stop`: the
-    rows' default samples (None: one, without a "sample" in the output) and stop
-    strings. One row per line: `samples` expands the rows of several samples."""
+    not fit in `max_len` tokens (the models' context), when given. `n`, `stop` and
+    `logprobs`: the rows' default samples (None: one, without a "sample" in the output),
+    stop strings and log-probabilities (None: none). One row per line: `samples` expands
+    the rows of several samples."""
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
     defaults = dict(
@@ -239,6 +259,7 @@ def read_rows(
         max_len=max_len,
         n=n,
         stop=tuple(stop),
+        logprobs=logprobs,
         chat_template=None if chat_template is None else functools.cache(chat_template),
     )
     rows, errors, seen = [], [], {}

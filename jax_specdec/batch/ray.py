@@ -7,7 +7,7 @@ the SHA-256 of their `input.result_key` (the id's JSON, or `[id, sample]`'s), an
 shard is cut into calls as `run_job` cuts its rows (`plan_batches`). The calls are the
 items of a Ray dataset, mapped by a pool of actors: each actor loads the models itself,
 once (`load_worker` gets the job's settings, with the models' paths, not arrays), and
-runs a call as `run_job` does (`run_call`), under the job's one `SamplingPlan`, computed
+runs a call as `run_job` does (`run_call`), under the job's one `JobPlan`, computed
 from all its rows. Ray restarts an actor that dies and runs its calls again.
 
 Output: the driver appends each call's lines as they come back (in completion order,
@@ -30,11 +30,11 @@ import time
 
 import numpy as np
 
+from jax_specdec.batch.call import JobPlan, run_call
 from jax_specdec.batch.input import JobError, JobRow, samples
 from jax_specdec.batch.output import Tally, append, id_hash, lines, merge, pending, progress_bar
-from jax_specdec.batch.run import call_limit, plan_batches, run_call
+from jax_specdec.batch.run import call_limit, plan_batches
 from jax_specdec.batch.settings import BatchSettings
-from jax_specdec.sampling import SamplingPlan
 
 __all__ = ["load_worker", "run_ray_job", "shard_calls"]
 
@@ -62,7 +62,7 @@ def shard_calls(
 class _Worker:
     """A Ray Data actor: loads the models once, then runs calls (pickled lists of rows)."""
 
-    def __init__(self, load, plan: SamplingPlan):
+    def __init__(self, load, plan: JobPlan):
         self.generate, self.detokenize = load()
         self.plan = plan
 
@@ -137,12 +137,13 @@ def run_ray_job(
     max_len: int | None = None,
     progress: bool = True,
     stop=None,
+    logprob_kind: str = "processed",
 ) -> dict:
     """Runs the rows not yet in `output` over a Ray cluster; see the module's docstring.
 
     Args:
-      rows, output, job, max_len, progress, stop: as `run_job` takes them (`stop` is asked
-        between calls that come back).
+      rows, output, job, max_len, progress, stop, logprob_kind: as `run_job` takes them
+        (`stop` is asked between calls that come back).
       settings: the job's calls (batch_size, slots, rows_per_call) and its cluster (ray:
         "auto", "ray://host:10001", ..., or "" to join the cluster this process is
         connected to or start a local one; ray_workers: actors, each loading the models
@@ -158,7 +159,7 @@ def run_ray_job(
     workers = settings.ray_workers
     by_budget = settings.slots is None
     calls = shard_calls(todo, workers, limit, by_budget=by_budget, max_len=max_len)
-    plan = SamplingPlan.of([r.sampling for r in rows])  # all rows: every restart, one plan
+    plan = JobPlan.of(rows, logprob_kind)  # all rows: every restart, one plan
     tally, interrupted = Tally(), False
     start = time.perf_counter()
     if calls:
@@ -179,7 +180,7 @@ def run_ray_job(
     return {**summary, "workers": workers, "interrupted": interrupted}
 
 
-def _mapped(calls, workers: int, resources: dict, load, plan: SamplingPlan):
+def _mapped(calls, workers: int, resources: dict, load, plan: JobPlan):
     """The calls as a Ray dataset mapped by a pool of `workers` actors (`_Worker`)."""
     import ray
 

@@ -25,17 +25,13 @@ from __future__ import annotations
 import functools
 import pathlib
 import time
-import warnings
 from collections.abc import Iterable
 
 import numpy as np
 
-from jax_specdec import stop_strings
-from jax_specdec.batch.input import JobError, JobRow, samples
+from jax_specdec.batch.call import JobPlan, run_call
+from jax_specdec.batch.input import JobRow, samples
 from jax_specdec.batch.output import Tally, append, lines, pending, progress_bar
-from jax_specdec.decode.request import seed_key_data
-from jax_specdec.decode.stats import finish_reasons
-from jax_specdec.sampling import RowSampling, SamplingPlan
 
 __all__ = ["CALL_SLOTS", "call_limit", "make_generate", "plan_batches", "run_call", "run_job"]
 
@@ -108,7 +104,7 @@ def make_generate(
         jax.process_index()
     }
 
-    def generate(prompts, keys, sampling, max_new_tokens):
+    def generate(prompts, keys, sampling, max_new_tokens, logprobs=None):
         rows = len(prompts)
         extra = -rows % data if num_slots is None else max(data - rows, 0)
         prompts = prompts + [prompts[-1]] * extra
@@ -118,8 +114,14 @@ def make_generate(
         slots = None
         if num_slots is not None:
             slots = max(min(num_slots, len(prompts)) // data * data, data)
+        top = {} if logprobs is None else dict(logprobs=logprobs.top, logprob_kind=logprobs.kind)
         run = generator.bind(
-            prompts, key=keys, max_new_tokens=max_new_tokens, sampling=sampling, num_slots=slots
+            prompts,
+            key=keys,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            num_slots=slots,
+            **top,
         )
         out = run.replicated() if spans else run()
         width = len(prompts)
@@ -143,6 +145,7 @@ def run_job(
     max_len: int | None = None,
     stop=None,
     hosts=None,
+    logprob_kind: str = "processed",
 ) -> dict:
     """Runs the rows not yet in `output`, appending one line per row, call by call.
 
@@ -150,7 +153,8 @@ def run_job(
       rows: from `read_rows` (a row of n samples runs as n rows, `input.samples`).
       output: the results file (created, or resumed).
       generate: fn(prompts: list[list[int]], keys, sampling: RowSampling, max_new_tokens:
-        [int]) -> GenerationOutput for one call (speculative or autoregressive).
+        [int][, logprobs: LogprobSpec]) -> GenerationOutput for one call (speculative or
+        autoregressive; the last argument only when a row asks for log-probabilities).
       job: what identifies the job (models, seed, schedule, defaults); stored beside
         the output with the first row and compared on restart.
       batch_size: rows per fixed batch (when `slots` is None).
@@ -165,6 +169,8 @@ def run_job(
         `multihost.Hosts()`: process 0 reads `output` and tells every process the
         rows still to run, each call's output is gathered to every process, `stop` asked
         of all, and process 0 alone writes (and shows progress).
+      logprob_kind: the distribution of the log-probabilities rows ask for ("processed"
+        or "raw", `decode.logprobs`).
 
     Returns a summary (rows, tokens, seconds, tokens/s, rows/s, α, tokens per round,
     occupancy, and whether `stop` ended it; with `hosts`, the number of processes).
@@ -177,10 +183,10 @@ def run_job(
         generate, stop, progress = hosts.gathered(generate), hosts.agreed(stop), progress and lead
     limit = call_limit(batch_size, slots, rows_per_call)
     plan = plan_batches(todo, limit, by_budget=slots is None, max_len=max_len)
-    # One sampling plan for every call (of all the job's rows, so a restart compiles the
-    # same program): rows of any settings share calls and programs.
-    sampling = SamplingPlan.of([r.sampling for r in rows])
-    run = functools.partial(run_call, generate=generate, detokenize=detokenize, plan=sampling)
+    # One plan for every call (of all the job's rows, so a restart compiles the same
+    # program): rows of any settings, stops and log-probabilities share calls and programs.
+    job_plan = JobPlan.of(rows, logprob_kind)
+    run = functools.partial(run_call, generate=generate, detokenize=detokenize, plan=job_plan)
     write = functools.partial(append, output, job) if lead else None
     start = time.perf_counter()
     tally, interrupted = _run_calls(plan, run, write, progress, stop)
@@ -213,51 +219,3 @@ def _run_calls(plan, run, write, progress: bool, stop) -> tuple[Tally, bool]:
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{tally.tokens / (time.perf_counter() - start):.0f}")
     return tally, False
-
-
-def run_call(batch: list[JobRow], generate, detokenize, plan) -> tuple[list[dict], int]:
-    """One call of `generate` (rows sampled under the job's `SamplingPlan`): an output
-    record per row, and the call's slot-rounds."""
-    import jax
-
-    keys = jax.random.wrap_key_data(np.stack([seed_key_data(r.seed) for r in batch]))
-    budgets = [r.max_new_tokens for r in batch]
-    sampling = RowSampling.of([r.sampling for r in batch], plan)
-    with warnings.catch_warnings():  # checked below, for the rows' ids
-        warnings.filterwarnings("ignore", "NaN/inf logits", RuntimeWarning)
-        out = generate([list(r.tokens) for r in batch], keys, sampling, budgets)
-    bad = np.flatnonzero(np.asarray(out.stats.nonfinite))
-    if bad.size:
-        rows = ", ".join(f"{batch[b].key} (line {batch[b].line})" for b in bad[:4])
-        raise JobError(
-            f"NaN/inf logits met for id(s) {rows}: the model's weights hold NaN/inf or are "
-            "corrupt; nothing of this call was written"
-        )
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    counters = {
-        k: np.asarray(getattr(out.stats, k)) for k in ("rounds", "drafted", "accepted", "rejected")
-    }
-    reasons = finish_reasons(out, budgets, getattr(generate, "stop_ids", ()))
-    records = []
-    for b, row in enumerate(batch):
-        stats = {"generated": int(lengths[b]), **{k: int(v[b]) for k, v in counters.items()}}
-        ids = tokens[b, : lengths[b]].tolist()
-        records.append(_record(row, ids, reasons[b], stats, detokenize))
-    return records, int(out.stats.slot_rounds)
-
-
-def _record(row: JobRow, ids: list[int], reason: str, stats: dict, detokenize) -> dict:
-    """A row's output line: its id (and sample), seed, tokens and text (cut at its
-    earliest stop string, `stop_strings.apply`: the text before it, the tokens up to the
-    shortest prefix whose text holds it, and the stop string), finish reason and stats
-    (of what the program generated, before any cut)."""
-    text = None if detokenize is None else detokenize(ids)
-    which = None
-    if row.stop and text is not None:
-        ids, text, reason, which = stop_strings.apply(ids, text, reason, row.stop, detokenize)
-    sample = {} if row.sample is None else {"sample": row.sample}
-    line = {"id": row.id, **sample, "seed": row.seed, "tokens": ids, "text": text}
-    line["finish_reason"] = reason
-    if which is not None:
-        line["stop"] = which
-    return {**line, "stats": stats}

@@ -241,9 +241,12 @@ def _check_writable(flag: str, path: pathlib.Path) -> None:
 
 
 def _samples_and_stops(decode: DecodeSettings) -> dict:
-    """--n and --stop in the job file, where they are set (older jobs still resume)."""
+    """--n, --stop, --logprobs and --logprob-kind in the job file, where they are set
+    (older jobs still resume)."""
     out: dict = {"n": decode.n} if decode.n != 1 else {}
-    return out | ({"stop": list(decode.stop)} if decode.stop else {})
+    out |= {"stop": list(decode.stop)} if decode.stop else {}
+    out |= {"logprobs": decode.logprobs} if decode.logprobs is not None else {}
+    return out | ({"logprob_kind": "raw"} if decode.logprob_kind == "raw" else {})
 
 
 def _set_only(sampling) -> dict:

@@ -152,6 +152,7 @@ def _load(settings, mesh) -> _Job:
         chat_template=functools.partial(load_chat_template, loaded.target_dir),
         n=settings.decode.n if settings.decode.n != 1 else None,
         stop=settings.decode.stop,
+        logprobs=settings.decode.logprobs,
     )
     return _Job(loaded, eos, max_len, rows, errors)
 
@@ -161,6 +162,7 @@ def _run_job(settings, job: _Job, mesh, stop) -> dict:
     over Ray; returns its summary."""
     output = pathlib.Path(settings.output)
     shared = dict(job=settings.job(job.eos), max_len=job.max_len, stop=stop)
+    shared["logprob_kind"] = settings.decode.logprob_kind
     if settings.ray is not None:
         from jax_specdec.batch.ray import load_worker, run_ray_job
 

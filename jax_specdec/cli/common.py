@@ -121,7 +121,8 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sample_flags(parser: argparse.ArgumentParser, what: str) -> None:
-    """--n and --stop: samples per prompt and the stop strings that cut a text."""
+    """--n, --stop, --logprobs and --logprob-kind: samples per prompt, the stop strings
+    that end a row and cut its text, and the log-probabilities written."""
     parser.add_argument(
         "--n",
         type=int,
@@ -133,8 +134,24 @@ def add_sample_flags(parser: argparse.ArgumentParser, what: str) -> None:
         "--stop",
         action="append",
         metavar="STR",
-        help="a stop string (repeatable): the text is cut before the earliest one found, "
-        "finish_reason 'stop'",
+        help="a stop string (repeatable): the row ends once it is generated (its own "
+        "tokenization ends the row in the program) and the text is cut before the earliest "
+        "one found, finish_reason 'stop'",
+    )
+    parser.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="N",
+        help=f"write each generated token's log-probability and its N most likely "
+        f"alternatives (0-20; per {what}, its own 'logprobs' overrides it where it applies)",
+    )
+    parser.add_argument(
+        "--logprob-kind",
+        choices=("processed", "raw"),
+        default="processed",
+        help="log-probabilities under the distribution sampled from (bias, penalties, "
+        "temperature, top-k/p, min-p; greedy: temperature 1) or the model's raw one "
+        "(default: %(default)s)",
     )
 
 

@@ -122,7 +122,8 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     spec = Generator(loaded.target, loaded.draft, **settings.rounds(), **shared)
     key = _keys(settings.seed, len(ids), settings.n)
     ids = [row for row in ids for _ in range(settings.n)]
-    run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens)
+    outputs = _outputs(settings, loaded.tokenizer)
+    run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens, **outputs)
     if args.verbose:
         print(run.memory_plan.describe(), file=sys.stderr)
     if not args.compare:
@@ -130,10 +131,24 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
         out = jax.block_until_ready(run())
         return {"out": out, "seconds": time.perf_counter() - start, "stop_ids": spec.stop_ids}
     ar_run = Generator(loaded.target, **shared).bind(
-        ids, key=key, max_new_tokens=args.max_new_tokens
+        ids, key=key, max_new_tokens=args.max_new_tokens, **outputs
     )
     spec_m, ar_m = measure([run, ar_run], repeats=3)
     return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m, "stop_ids": spec.stop_ids}
+
+
+def _outputs(settings: DecodeSettings, tokenizer) -> dict:
+    """`Generator.bind`'s stop sequences (each --stop string's tokenization: the program
+    ends a row once it emits one) and log-probabilities, where asked for."""
+    from jax_specdec import stop_strings
+
+    out = {}
+    sequences = stop_strings.token_sequences(tokenizer, settings.stop) if settings.stop else ()
+    if sequences:
+        out["stop_sequences"] = [list(s) for s in sequences]
+    if settings.logprobs is not None:
+        out |= dict(logprobs=settings.logprobs, logprob_kind=settings.logprob_kind)
+    return out
 
 
 def _check_finite(args, result) -> None:
@@ -176,13 +191,19 @@ def _summary(result: dict) -> dict:
 def _rows(settings: DecodeSettings, args, prompts, result, tokenizer) -> list[dict]:
     """Each row's output: its prompt (and sample, with --n), text, tokens and finish
     reason, cut at the earliest --stop string (`stop_strings.apply`, with "stop")."""
+    import jax
     import numpy as np
 
     from jax_specdec import stop_strings
+    from jax_specdec.decode.logprobs import entries
     from jax_specdec.decode.stats import finish_reasons
 
     out, rows = result["out"], []
-    reasons = finish_reasons(out, args.max_new_tokens, result["stop_ids"])
+    sequences = stop_strings.token_sequences(tokenizer, settings.stop) if settings.stop else ()
+    reasons = finish_reasons(
+        out, args.max_new_tokens, result["stop_ids"], [sequences] * len(out.lengths)
+    )
+    logprobs = None if out.logprobs is None else jax.tree.map(np.asarray, out.logprobs)
     for b, length in enumerate(np.asarray(out.lengths)):
         ids = np.asarray(out.tokens)[b, : int(length)].tolist()
         row = stop_strings.apply(
@@ -191,7 +212,10 @@ def _rows(settings: DecodeSettings, args, prompts, result, tokenizer) -> list[di
         sample = {} if settings.n == 1 else {"sample": b % settings.n}
         line = {"prompt": prompts[b // settings.n], **sample, "text": row.text}
         line |= {"tokens": row.tokens, "finish_reason": row.finish_reason}
-        rows.append(line | ({} if row.stop is None else {"stop": row.stop}))
+        line |= {} if row.stop is None else {"stop": row.stop}
+        if settings.logprobs is not None:
+            line["logprobs"] = entries(logprobs, b, len(row.tokens), settings.logprobs)
+        rows.append(line)
     return rows
 
 

@@ -20,11 +20,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jax_specdec.sampling import RowSampling
 
-__all__ = ["KINDS", "LogprobSpec", "Logprobs", "token_logprobs"]
+__all__ = ["KINDS", "LogprobSpec", "Logprobs", "entries", "token_logprobs"]
 
 KINDS = ("processed", "raw")
 MAX_TOP = 20
@@ -104,3 +105,18 @@ def token_logprobs(
         values = jnp.zeros(tokens.shape + (0,), jnp.float32)
         ids = jnp.zeros(tokens.shape + (0,), jnp.int32)
     return Logprobs(chosen=chosen, top_ids=ids.astype(jnp.int32), top_values=values)
+
+
+def entries(logprobs: Logprobs, row: int, count: int, top: int) -> list[dict]:
+    """Row `row`'s first `count` tokens' log-probabilities as JSON-ready entries (host
+    side, from an output's `Logprobs`): [{"logprob", "top": [[id, logprob], ...]}] with
+    its `top` most likely alternatives (those of probability 0 left out)."""
+    chosen, ids, values = (
+        np.asarray(a) for a in (logprobs.chosen, logprobs.top_ids, logprobs.top_values)
+    )
+    out = []
+    for t in range(count):
+        pairs = zip(ids[row, t, :top], values[row, t, :top], strict=True)
+        alternatives = [[int(i), float(v)] for i, v in pairs if np.isfinite(v)]
+        out.append({"logprob": float(chosen[row, t]), "top": alternatives})
+    return out

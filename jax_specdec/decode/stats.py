@@ -181,14 +181,22 @@ def take_rows(out: GenerationOutput, rows: jax.Array) -> GenerationOutput:
     return GenerationOutput(out.tokens[rows], out.lengths[rows], stats, logprobs)
 
 
-def finish_reasons(out: GenerationOutput, budgets, stop_ids) -> list[str]:
+def finish_reasons(out: GenerationOutput, budgets, stop_ids, stop_sequences=None) -> list[str]:
     """Why each row ended (host side): "eos" when its last token is one of `stop_ids` (a
-    stop id ends a row and is kept), else "length" (its budget, an int or one per row)."""
+    stop id ends a row and is kept), "stop" when its tokens end with one of its own
+    `stop_sequences` (one list per row, `Generator(stop_sequences=...)`), else "length"
+    (its budget, an int or one per row)."""
     lengths, tokens = np.asarray(out.lengths), np.asarray(out.tokens)
     budgets = np.broadcast_to(np.asarray(budgets), lengths.shape)
     stops = set(stop_ids or ())
+    sequences = [()] * len(lengths) if stop_sequences is None else stop_sequences
     reasons = []
-    for row, n, budget in zip(tokens, lengths, budgets, strict=True):
-        last = int(row[n - 1]) if n else None
-        reasons.append("eos" if last in stops or n < budget else "length")
+    for row, n, budget, own in zip(tokens, lengths, budgets, sequences, strict=True):
+        ids = row[:n].tolist()
+        if ids and ids[-1] in stops:
+            reasons.append("eos")
+        elif any(len(s) <= n and ids[n - len(s) :] == list(s) for s in own):
+            reasons.append("stop")
+        else:
+            reasons.append("eos" if n < budget else "length")
     return reasons

@@ -27,14 +27,14 @@ def _is_ids(x) -> bool:
 
 
 def per_row(stop_sequences, batch: int) -> list[list[list[int]]]:
-    """`stop_sequences` as B rows of sequences: one list of token-id sequences for every
-    row, or one such list per row."""
+    """`stop_sequences` as B rows of sequences: one list of (non-empty) token-id sequences
+    for every row, or one such list per row (a row's may be empty)."""
     if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
         raise TypeError(
             "stop_sequences must be a list of token-id lists, or one such list per prompt, got "
             f"{type(stop_sequences).__name__}"
         )
-    if all(_is_ids(seq) for seq in stop_sequences):
+    if stop_sequences and all(_is_ids(seq) and len(seq) for seq in stop_sequences):
         return [list(map(list, stop_sequences))] * batch
     if len(stop_sequences) != batch or not all(
         isinstance(row, Sequence) and all(_is_ids(seq) for seq in row) for row in stop_sequences

@@ -17,9 +17,9 @@ points). In Python, importing this module registers it for `lm_eval.simple_evalu
   head, "ngram", or none: autoregressive), the requests of one setting in one call
   through `batch_size` slots; `max_gen_toks` (default 256), `temperature` (0, greedy, by
   default; `do_sample=False` forces it) and the `until` strings of each request. A row
-  stops at the model's stop ids inside the program; the text is cut at the first `until`
-  string on the host (`stop_strings.cut`). Request i's key is fold_in(key(seed), i),
-  whatever the batching.
+  stops at the model's stop ids and at its `until` strings' own tokenizations inside the
+  program; the text is cut at the first `until` string on the host (`stop_strings.cut`).
+  Request i's key is fold_in(key(seed), i), whatever the batching.
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ class JaxSpecdecLM(TemplateLM):
             )
             gen = self._generator(sampling)
             slots = min(self.batch, len(prompts))
-            out = gen(prompts, key=keys, max_new_tokens=budget, num_slots=slots)
+            # the until strings' own tokenizations end a row inside the program
+            stops = [stop_strings.token_sequences(self.tokenizer, settings[i][2]) for i in indices]
+            extra = {"stop_sequences": stops} if any(stops) else {}
+            out = gen(prompts, key=keys, max_new_tokens=budget, num_slots=slots, **extra)
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
             for row, i in enumerate(indices):
                 text = self.tok_decode(
