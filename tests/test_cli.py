@@ -74,6 +74,14 @@ def test_generate_n_samples_and_stop_strings(pair, capsys):
     )
     assert cut["tokens"] == two[0]["tokens"][: len(cut["tokens"])]
     assert two[0]["finish_reason"] == "length" and "stop" not in two[0]
+    # --logprobs 3 --logprob-kind raw: the same tokens, an entry per token, the emitted
+    # token among its top 3 where it is the most likely
+    assert main([*base, "--seed", "3", "--logprobs", "3", "--logprob-kind", "raw"]) == 0
+    (scored,) = json.loads(capsys.readouterr().out)["outputs"][:1]
+    assert scored["tokens"] == two[0]["tokens"] and len(scored["logprobs"]) == 10
+    for entry, token in zip(scored["logprobs"], scored["tokens"], strict=True):
+        assert len(entry["top"]) == 3 and entry["logprob"] <= entry["top"][0][1] + 1e-6
+        assert (entry["top"][0][0] == token) == (entry["logprob"] >= entry["top"][0][1] - 1e-6)
 
 
 def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
