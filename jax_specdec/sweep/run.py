@@ -256,12 +256,7 @@ def run_sweep(
     """
     from tqdm.auto import tqdm
 
-    if not prompts:
-        raise ValueError("prompts is empty")
-    if max(gammas) > max_gamma:
-        raise ValueError(f"gammas ({max(gammas)}) exceed max_gamma ({max_gamma})")
-    if not 0.0 <= explore < float("inf"):
-        raise ValueError(f"explore must be finite and >= 0, got {explore}")
+    _check(prompts, gammas, max_gamma, explore)
     sweep = {
         "batches": list(batches),
         "temperatures": list(temperatures),
@@ -291,6 +286,15 @@ def run_sweep(
         _batch(target, draft, _groups(prompts, batch, min_rows), batch, results, bar)
     bar.close()
     return results
+
+
+def _check(prompts, gammas, max_gamma: int, explore: float) -> None:
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if max(gammas) > max_gamma:
+        raise ValueError(f"gammas ({max(gammas)}) exceed max_gamma ({max_gamma})")
+    if not 0.0 <= explore < float("inf"):
+        raise ValueError(f"explore must be finite and >= 0, got {explore}")
 
 
 def _batch(target, draft, groups, batch: int, results: dict, bar) -> None:
