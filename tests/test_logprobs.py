@@ -98,7 +98,13 @@ def check(target, prompts, sampling, out, kind):
         np.testing.assert_allclose(lp.top_values[b, :n], best, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("shape", ["autoregressive", "chain", "block", "tree", "slots"])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["autoregressive", "chain", *(pytest.param(s, marks=SLOW) for s in ("block", "tree", "slots"))],
+)
 def test_logprobs_equal_a_forward_pass(models, shape):
     extra = {"num_slots": 3} if shape == "slots" else {}
     prompts, sampling, out = run(models, "chain" if shape == "slots" else shape, **extra)
@@ -108,11 +114,13 @@ def test_logprobs_equal_a_forward_pass(models, shape):
         assert int(np.sum(stats.accepted)) > 0  # drafts were kept: their values were checked
 
 
+@SLOW
 def test_raw_logprobs_are_the_models(models):
     prompts, sampling, out = run(models, "chain", kind="raw")
     check(models["target"], prompts, sampling, out, "raw")
 
 
+@SLOW
 def test_greedy_rows_match_autoregressive_decoding(models):
     """The same tokens (greedy rows), the same values, whichever way they were made."""
     _, sampling, ar = run(models, "autoregressive")

@@ -77,7 +77,9 @@ def test_a_round_keeps_its_tokens_up_to_the_first_stop(count, eos, stops, expect
     assert (int(kept[0]), bool(ended[0])) == expected
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree", "slots"])
+@pytest.mark.parametrize(
+    "shape", ["chain", *(pytest.param(s, marks=pytest.mark.slow) for s in ("tree", "slots"))]
+)
 def test_rows_stop_at_their_first_sequence_with_the_tokens_they_get_without(target, shape):
     """Draft = target at T = 0 keeps every draft (rounds of γ + 1 = 4 tokens after the
     first), so sequences taken at offsets 1..NEW cover ends inside a round's drafts and
