@@ -44,6 +44,10 @@ def _compile_faster():
 
 _compile_faster()
 
+# The tests run the CPU kernel wherever it applies, on any machine (whether it pays here
+# is measured and cached per machine, `kernels.cpu_choice`; tests/test_cpu_choice.py).
+os.environ.setdefault("JAX_SPECDEC_SMALL_MATMUL", "1")
+
 # In-process CLI calls would turn on JAX's persistent compilation cache in the user's
 # cache directory: tests write nothing there (test_zoo checks the switch itself).
 os.environ.setdefault("JAX_SPECDEC_COMPILE_CACHE", "0")

@@ -170,7 +170,7 @@ def test_16_bit_weights_above_the_row_limit_go_in_pieces(monkeypatch):
         np.testing.assert_allclose(fn(x, half), fn(x, half.astype(jnp.float32)), rtol=1e-6)
         fresh = jax.jit(lambda a, b, fn=fn: fn(a, b))  # traced again: the variable is read
         assert "@jax_specdec_small_matmul" not in fresh.lower(x, half).as_text()
-        monkeypatch.delenv("JAX_SPECDEC_SMALL_MATMUL")
+        monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "1")
 
 
 def _cpu_flags() -> set[str]:

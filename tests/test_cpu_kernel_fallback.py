@@ -30,7 +30,7 @@ def test_a_failed_build_warns_once_and_gives_the_same_tokens(monkeypatch, tmp_pa
     monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "0")  # XLA's products, by choice
     jax.clear_caches()
     want = _tokens()
-    monkeypatch.delenv("JAX_SPECDEC_SMALL_MATMUL")
+    monkeypatch.setenv("JAX_SPECDEC_SMALL_MATMUL", "1")
     monkeypatch.setenv("JAX_SPECDEC_CACHE", str(tmp_path))  # no library built before
     monkeypatch.setenv("CXX", "no-such-compiler")
     cpu_matmul._library.cache_clear()

@@ -12,8 +12,10 @@ up to 8 rows and splits the columns over XLA's own thread pool.
 embedding as the LM head) use the kernel when it applies: float32 x and float32 weights
 (or float16 / bfloat16 ones, widened as they are read: half the bytes, the same result as
 the weights stored as float32; more rows than the limit then go in pieces), at most
-`MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the environment
-variable `JAX_SPECDEC_SMALL_MATMUL` not "0" (read at trace time). Otherwise they return
+`MAX_ROWS` (`MAX_ROWS_T`) rows, the CPU backend, the library built, and the kernel
+faster than XLA's products on this machine: measured once and cached (`cpu_choice`), or
+decided by the environment variable `JAX_SPECDEC_SMALL_MATMUL` ("1": use it, "0": do
+not; read at trace time). Otherwise they return
 None and `jax_specdec.nn.products` takes jnp's products. `matmul` sums every output
 element in the same order whatever the number of rows, so a verify call's rows equal
 the same rows computed one at a time; so does `matmul_t`.
@@ -46,7 +48,17 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MAX_ROWS", "MAX_ROWS_T", "available", "matmul", "matmul_t", "uses_kernel"]
+__all__ = [
+    "MAX_ROWS",
+    "MAX_ROWS_T",
+    "available",
+    "kernel_product",
+    "kernel_product_t",
+    "library_path",
+    "matmul",
+    "matmul_t",
+    "uses_kernel",
+]
 
 #: the most rows (product of x's leading dimensions) the kernel takes: it streams the
 #: weights once for all of them (a decode step, a verify call of up to 8 tokens at batch
@@ -150,6 +162,11 @@ def _library_path(compiler: str) -> pathlib.Path:
     return cache_dir() / "kernels" / f"small_matmul-{key.hexdigest()[:16]}.so"
 
 
+def library_path() -> pathlib.Path:
+    """Where this machine's kernel library lives (built or not)."""
+    return _library_path(os.environ.get("CXX") or "c++")
+
+
 @functools.cache
 def _library() -> bool:
     """Builds (once per machine) and registers the kernels; False if that fails."""
@@ -186,7 +203,7 @@ def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
     inner, outer = (1, 0) if transposed else (0, 1)
     rows = x.size // x.shape[-1] if x.ndim and x.shape[-1] else 0
     return (
-        os.environ.get("JAX_SPECDEC_SMALL_MATMUL", "1") != "0"
+        os.environ.get("JAX_SPECDEC_SMALL_MATMUL") != "0"
         and x.dtype == jnp.float32
         and w.dtype in _WEIGHT_DTYPES
         and w.ndim == 2
@@ -195,7 +212,17 @@ def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
         and 1 <= rows <= (MAX_ROWS_T if transposed else MAX_ROWS)
         and jax.default_backend() == "cpu"
         and _library()
+        and _wanted()
     )
+
+
+def _wanted() -> bool:
+    """`JAX_SPECDEC_SMALL_MATMUL` "1", or unset and the kernel measured faster here."""
+    if os.environ.get("JAX_SPECDEC_SMALL_MATMUL") == "1":
+        return True
+    from jax_specdec.kernels.cpu_choice import kernel_pays
+
+    return kernel_pays()
 
 
 def _call(name: str, x: jax.Array, w: jax.Array, n: int) -> jax.Array:
@@ -258,3 +285,14 @@ def matmul_t(x: jax.Array, e: jax.Array) -> jax.Array | None:
     if uses_kernel(x, e, transposed=True):
         return _kernel_t(x, e)
     return _pieces(_kernel_t, x, e, transposed=True)
+
+
+def kernel_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [R, K] @ w [K, N] through the kernel whatever `uses_kernel` says (the library
+    built, R <= MAX_ROWS, float32): for measuring it against XLA's (`cpu_choice`)."""
+    return _kernel(x, w)
+
+
+def kernel_product_t(x: jax.Array, e: jax.Array) -> jax.Array:
+    """x [R, D] @ e [V, D]ᵀ through the kernel, as `kernel_product`."""
+    return _kernel_t(x, e)
