@@ -33,7 +33,7 @@ from jax_specdec.acceptance import AcceptResult, accept_with_noise
 from jax_specdec.decode.drafters.base import Proposal
 from jax_specdec.decode.tree import Tree, target_tokens, walk
 from jax_specdec.decode.tree_accept import accept_rsd
-from jax_specdec.sampling import sample_with_uniforms
+from jax_specdec.sampling import RowSampling, SamplingPlan, sample_with_uniforms
 from jax_specdec.schedules import Confidence, Custom
 
 GREEDY, T1 = SamplingConfig(0.0), SamplingConfig(1.0)
@@ -354,15 +354,36 @@ assert {(d, s) for d, s, *_ in CHI2} == set(CASES)
 SLOT_SAMPLES = 20_000  # through SLOT_SAMPLES * 2 / 5 slots: each takes two or three prompts
 
 
-def sample(models, drafter, shape, opts, seed=None, **settings):
+def _settings(opts):
+    sampling = opts.get("sampling", T1)
+    return sampling if isinstance(sampling, tuple) else (sampling,)
+
+
+def _program(drafter, shape, opts):
+    """What a case's program depends on besides its rows' sampling settings (dynamic) and
+    seed: drafter, round shape, γ, EOS, schedule, tree, and the number of settings (rows)."""
+    rest = sorted((k, v) for k, v in opts.items() if k not in ("sampling", "seed"))
+    return drafter, shape, tuple(rest), len(_settings(opts))
+
+
+# One plan per program: the cases that differ only by their sampling settings (and seed)
+# run their own call, each row sampled by its own setting, in ONE compiled program, under
+# the plan that covers them all (11 programs fewer than a plan per case).
+_GROUPS: dict = {}
+for _d, _s, _name, _opts in CHI2:
+    _GROUPS.setdefault(_program(_d, _s, _opts), []).extend(_settings(_opts))
+PLANS = {key: SamplingPlan.of(settings) for key, settings in _GROUPS.items()}
+
+
+def sample(models, drafter, shape, opts, seed=None, plan=None, **settings):
     """The sampled sequences of `opts`' setting(s) (a list per setting), and the stats.
     NUM_SAMPLES rows per setting (SLOT_SAMPLES through slots) alternating between the
-    two PROMPTS, three tokens each."""
+    two PROMPTS, three tokens each; under `plan` (a `SamplingPlan`), or the settings' own."""
     opts = dict(opts)
-    sampling = opts.pop("sampling", T1)
+    mixed = _settings(opts)
+    opts.pop("sampling", None)
     eos, own_seed = opts.pop("eos", None), opts.pop("seed", None)
     seed = own_seed if seed is None else seed
-    mixed = sampling if isinstance(sampling, tuple) else (sampling,)
     n = len(mixed)
     rows = (SLOT_SAMPLES if shape == "slots" else NUM_SAMPLES) * n
     gen = generator(models, drafter, shape, eos_token_id=eos, **opts, **settings)
@@ -370,7 +391,7 @@ def sample(models, drafter, shape, opts, seed=None, **settings):
         [PROMPTS[b % 2] for b in range(rows)],
         key=jax.random.key(seed),
         max_new_tokens=3,
-        sampling=[mixed[(b // 2) % n] for b in range(rows)] if n > 1 else mixed[0],
+        sampling=RowSampling.of([mixed[(b // 2) % n] for b in range(rows)], plan),
         num_slots=rows * 2 // 5 if shape == "slots" else None,
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
@@ -395,7 +416,8 @@ class TestSampling:
     @pytest.mark.parametrize("drafter,shape,name,opts", CHI2, ids=[ids(c[:3]) for c in CHI2])
     def test_samples_follow_the_target(self, small, drafter, shape, name, opts):
         seed = opts.get("seed", len(name))
-        seqs, stats = sample(small, drafter, shape, opts, seed=seed)
+        plan = PLANS[_program(drafter, shape, opts)]
+        seqs, stats = sample(small, drafter, shape, opts, seed=seed, plan=plan)
         assert 0.05 < stats.acceptance_rate < 0.95, "drafts should be neither useless nor exact"
         if shape == "slots":
             assert stats.occupancy < 1.0 and int(stats.target_calls) > SLOT_SAMPLES  # refilled
@@ -562,9 +584,9 @@ class TestRows:
     @pytest.mark.parametrize("drafter,shape", _params(CASES, QUICK_ROWS))
     def test_tokens_do_not_depend_on_the_neighbours(self, small, drafter, shape):
         """At T = 0.9 with one key per row: the same keys give the same tokens; two rows
-        in a batch of their own get the tokens they get in the batch of six; through slots
-        (one and two; two for a tree) every row gets its tokens and acceptance counts of
-        the batch without slots."""
+        among other neighbours (at other positions, in the same program) get the tokens
+        they get in the first batch of six; through slots (one and two; two for a tree)
+        every row gets its tokens and acceptance counts of the batch without slots."""
         gen = generator(small, drafter, shape, sampling=SamplingConfig(0.9))
         prompts = [(p * 2)[:8] for p in ragged_prompts(6, VOCAB, seed=5)]
         budgets = [12, 5, 12, 9, 12, 3]
@@ -580,16 +602,24 @@ class TestRows:
             np.testing.assert_array_equal(
                 np.asarray(got.stats.accepted_at), np.asarray(whole.stats.accepted_at)
             )
-        # Rows 1 and 4 as a batch of their own (one program): other neighbours, same tokens.
-        pick = [1, 4]
-        apart = gen(
-            [prompts[r] for r in pick],
-            key=keys[np.asarray(pick)],
-            max_new_tokens=[budgets[r] for r in pick],
+        _check_other_neighbours(gen, prompts, keys, budgets, whole)
+
+
+def _check_other_neighbours(gen, prompts, keys, budgets, whole):
+    """Rows 4 and 1 as rows 0 and 3 of a batch of other prompts, keys and budgets (six
+    rows, the same longest prompt and largest budget: the same program): the same tokens."""
+    width = max(map(len, prompts))  # the same padded width
+    others = [(p * 3)[:width] for p in ragged_prompts(4, VOCAB, seed=8)]
+    others[0] = (others[0] * width)[:width]
+    fresh = jax.random.split(jax.random.key(8), 4)
+    batch = [prompts[4], others[0], others[1], prompts[1], others[2], others[3]]
+    row_keys = jnp.stack([keys[4], fresh[0], fresh[1], keys[1], fresh[2], fresh[3]])
+    apart = gen(
+        batch, key=row_keys, max_new_tokens=[budgets[4], max(budgets), 7, budgets[1], 10, 2]
+    )
+    for row, i in ((4, 0), (1, 3)):
+        n = int(whole.lengths[row])
+        assert int(apart.lengths[i]) == n
+        np.testing.assert_array_equal(
+            np.asarray(apart.tokens)[i, :n], np.asarray(whole.tokens)[row, :n]
         )
-        for i, row in enumerate(pick):
-            n = int(whole.lengths[row])
-            assert int(apart.lengths[i]) == n
-            np.testing.assert_array_equal(
-                np.asarray(apart.tokens)[i, :n], np.asarray(whole.tokens)[row, :n]
-            )
