@@ -144,8 +144,10 @@ class DecodeSettings:
 
 
 def _check_logprobs(top: int | None) -> int | None:
-    if top is not None and not 0 <= top <= 20:
-        raise ValueError(f"--logprobs must lie in [0, 20], got {top}")
+    from jax_specdec.decode.logprobs import MAX_TOP
+
+    if top is not None and not 0 <= top <= MAX_TOP:
+        raise ValueError(f"--logprobs must lie in [0, {MAX_TOP}], got {top}")
     return top
 
 

@@ -30,10 +30,16 @@ def check(value, name: str) -> tuple[str, ...]:
 
 def token_sequences(tokenizer, stops: Sequence[str]) -> tuple[tuple[int, ...], ...]:
     """Each stop string's own tokenization (no special tokens added), for the loop to end
-    a row as soon as it emits one (`Generator(stop_sequences=...)`); a string that
-    encodes to no tokens is left to the host's cut."""
-    encoded = (tuple(tokenizer.encode(s, add_special_tokens=False).ids) for s in stops)
-    return tuple(ids for ids in encoded if ids)
+    a row as soon as it emits one (`Generator(stop_sequences=...)`). Only a sequence
+    whose decoded text (`tokenizer.decode`, as the host decodes) holds its string is
+    kept, so the loop never ends a row the host's cut would not: a special token the
+    decoder drops, or a string that encodes to no tokens, is left to the host."""
+    out = []
+    for stop in stops:
+        ids = tuple(tokenizer.encode(stop, add_special_tokens=False).ids)
+        if ids and stop in tokenizer.decode(list(ids)):
+            out.append(ids)
+    return tuple(out)
 
 
 def cut(text: str, stops: Sequence[str]) -> tuple[str, str | None]:

@@ -121,7 +121,8 @@ def formulation(name: str):
     P.V in the old order (the code before the live-prefix attention)."""
     if name not in ("after", "xla-matmul", "before"):
         raise ValueError(f"unknown variant {name!r}")
-    env = {} if name == "after" else {"JAX_SPECDEC_SMALL_MATMUL": "0"}
+    # "after" takes the kernel wherever it applies, whether or not it pays here
+    env = {"JAX_SPECDEC_SMALL_MATMUL": "1" if name == "after" else "0"}
     with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
         if name == "before":
             stack.enter_context(mock.patch.object(attention, "LIVE_BLOCK", 1 << 30))

@@ -198,6 +198,9 @@ def test_killed_job_restarts_to_the_uninterrupted_output(pair, tmp_path, sig):
         (['{"id": 10, "prompt": "a", "stop": ["x", ""]}'], "(id 10): 'stop' must not hold an"),
         (['{"id": 11, "prompt": "a", "stop": 5}'], "(id 11): 'stop' must be a string or a list"),
         (['{"id": 11, "prompt": "a", "stop": ["x", 5]}'], "(id 11): 'stop' must be a string"),
+        (['{"id": 12, "prompt": "a", "logprobs": -1}'], "(id 12): 'logprobs' must be an integer"),
+        (['{"id": 12, "prompt": "a", "logprobs": 21}'], "'logprobs' must be an integer in [0, 20]"),
+        (['{"id": 12, "prompt": "a", "logprobs": 1.5}'], "(id 12): 'logprobs' must be an"),
     ],
 )
 def test_bad_lines_stop_the_job_with_their_line_number(pair, tmp_path, capsys, lines, match):

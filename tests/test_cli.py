@@ -133,6 +133,8 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         (["x", "--n", "0"], "--n must lie in [1, 65536], got 0"),
         (["x", "--n", "-3"], "--n must lie in [1, 65536], got -3"),
         (["x", "--stop", "a", "--stop", ""], "--stop must not hold an empty string"),
+        (["x", "--logprobs", "21"], "--logprobs must lie in [0, 20], got 21"),
+        (["x", "--logprobs", "2"], "--logprobs needs --json"),
     ],
 )
 def test_generate_bad_input_one_line_exit_2(pair, extra, message, capsys):

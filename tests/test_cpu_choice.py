@@ -38,6 +38,12 @@ def test_the_cached_choice_decides_where_the_variable_is_unset(fresh_cache, monk
 
 
 def test_the_measurement_times_both_ways_on_one_and_five_rows():
+    if not cpu_matmul.available():
+        pytest.skip("no C++ compiler: the kernel is never used")
+    run, args = cpu_choice._stack(5, kernel=True)
+    assert "@jax_specdec_small_matmul" in run.lower(*args).as_text()  # the kernel, timed
+    run, args = cpu_choice._stack(5, kernel=False)
+    assert "@jax_specdec_small_matmul" not in run.lower(*args).as_text()
     result = cpu_choice.measure(repeats=2, calls=2)
     assert set(result["rows"]) == {"1", "5"}
     assert all(t > 0 for r in result["rows"].values() for t in r.values())

@@ -140,10 +140,10 @@ def test_greedy_rows_match_autoregressive_decoding(models):
         ({"logprobs": -1}, r"logprobs must be an integer in \[0, 20\], got -1"),
         ({"logprobs": 21}, r"logprobs must be an integer in \[0, 20\], got 21"),
         ({"logprobs": 0, "logprob_kind": "soft"}, "logprob_kind must be one of"),
+        ({"logprobs": 7, "vocab": 6}, r"logprobs \(7\) exceeds the vocabulary \(6\)"),
     ],
 )
 def test_bad_logprob_settings_are_refused(models, kwargs, message):
+    target = make_model(1, vocab=kwargs.pop("vocab")) if "vocab" in kwargs else models["target"]
     with pytest.raises(ValueError, match=message):
-        Generator(models["target"]).bind(
-            [[1, 2]], key=jax.random.key(0), max_new_tokens=2, **kwargs
-        )
+        Generator(target).bind([[1, 2]], key=jax.random.key(0), max_new_tokens=2, **kwargs)

@@ -58,3 +58,20 @@ def test_check_refuses_empty_and_non_strings(value, message):
 def test_check_takes_a_string_or_a_list():
     assert check("END", "x") == ("END",) and check(["a", "b"], "x") == ("a", "b")
     assert check(None, "x") == () and stop_strings.check([], "x") == ()
+
+
+def test_token_sequences_keep_only_those_whose_text_holds_the_stop():
+    """A stop whose tokens decode without it (a special token the decoder drops) is left
+    to the host, so the program never ends a row the host's cut would not."""
+
+    class Tokenizer:
+        ids = {"<end>": [9], "ab": [0], "abc": [0, 1], "": []}
+
+        def encode(self, text, add_special_tokens=False):
+            return type("E", (), {"ids": self.ids[text]})()
+
+        def decode(self, ids):
+            return "".join(VOCAB.get(i, "") for i in ids)  # id 9 is special: dropped
+
+    tokenizer = Tokenizer()
+    assert stop_strings.token_sequences(tokenizer, ["ab", "<end>", "abc", ""]) == ((0,), (0, 1))

@@ -20,6 +20,7 @@ from jax_specdec.batch.input import JobError, JobRow
 from jax_specdec.decode.logprobs import LogprobSpec, entries
 from jax_specdec.decode.request import seed_key_data
 from jax_specdec.decode.stats import finish_reasons
+from jax_specdec.decode.stop_tokens import stop_array
 from jax_specdec.sampling import RowSampling, SamplingPlan
 
 __all__ = ["JobPlan", "run_call"]
@@ -53,16 +54,12 @@ class JobPlan:
 
     def rows(self, batch: list[JobRow]) -> RowSampling:
         """The call's rows' sampling, with their stop sequences where the job has any
-        (right-aligned, -1 pads, as `decode.stop_tokens.stop_array`)."""
+        (`decode.stop_tokens.stop_array`, in the job's one shape)."""
         sampling = RowSampling.of([r.sampling for r in batch], self.sampling)
         if self.stops is None:
             return sampling
-        count, longest = self.stops
-        stops = np.full((len(batch), count, longest), -1, np.int32)
-        for b, row in enumerate(batch):
-            for s, seq in enumerate(row.stop_tokens):
-                stops[b, s, longest - len(seq) :] = seq
-        return sampling.with_stops(stops)
+        rows = [row.stop_tokens for row in batch]
+        return sampling.with_stops(stop_array(rows, np.iinfo(np.int32).max, self.stops))
 
 
 def run_call(batch: list[JobRow], generate, detokenize, plan: JobPlan) -> tuple[list[dict], int]:

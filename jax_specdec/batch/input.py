@@ -18,6 +18,7 @@ import hashlib
 import json
 
 from jax_specdec import stop_strings
+from jax_specdec.decode.logprobs import MAX_TOP
 from jax_specdec.decode.request import INT32_MAX
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.settings import MAX_SAMPLES
@@ -169,9 +170,11 @@ def _output_fields(obj: dict, where: str, defaults: dict) -> dict:
         raise JobError(f"{where}: 'stop' strings need the target's tokenizer")
     logprobs = obj.get("logprobs", defaults["logprobs"])
     if logprobs is not None and (
-        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP
     ):
-        raise JobError(f"{where}: 'logprobs' must be an integer in [0, 20], got {logprobs!r}")
+        raise JobError(
+            f"{where}: 'logprobs' must be an integer in [0, {MAX_TOP}], got {logprobs!r}"
+        )
     stop_tokens = stop_strings.token_sequences(defaults["tokenizer"], stop) if stop else ()
     return dict(n=n, stop=stop, stop_tokens=stop_tokens, logprobs=logprobs)
 

@@ -127,6 +127,7 @@ def _gathered(generate):
     def call(*args):
         return jax.tree.map(_on_host, generate(*args))
 
+    call.stop_ids = getattr(generate, "stop_ids", ())  # for the rows' finish reasons
     return call
 
 

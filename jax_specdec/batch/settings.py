@@ -245,7 +245,9 @@ def _samples_and_stops(decode: DecodeSettings) -> dict:
     (older jobs still resume)."""
     out: dict = {"n": decode.n} if decode.n != 1 else {}
     out |= {"stop": list(decode.stop)} if decode.stop else {}
-    out |= {"logprobs": decode.logprobs} if decode.logprobs is not None else {}
+    if decode.logprobs is None:
+        return out
+    out["logprobs"] = decode.logprobs
     return out | ({"logprob_kind": "raw"} if decode.logprob_kind == "raw" else {})
 
 

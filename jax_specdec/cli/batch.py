@@ -19,9 +19,10 @@ def add_parser(sub) -> None:
         help="a resumable JSONL generation job (one result line per input row)",
         description="Input lines: {id, prompt | tokens | messages, [seed, temperature, top_k, "
         "top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, "
-        "max_new_tokens, n, stop]}. Output lines: {id, [sample,] seed, tokens, text, "
-        "finish_reason, [stop,] stats}. A restarted job skips finished ids (and samples); a "
-        "row depends only on the job seed and its id (or its seed), and its sample's index.",
+        "max_new_tokens, n, stop, logprobs]}. Output lines: {id, [sample,] seed, tokens, "
+        "text, finish_reason, [stop,] [logprobs,] stats}. A restarted job skips finished ids "
+        "(and samples); a row depends only on the job seed and its id (or its seed), and its "
+        "sample's index.",
     )
     job.add_argument("--input", required=True, help="JSONL prompts")
     job.add_argument("--output", required=True, help="JSONL results (appended, resumable)")

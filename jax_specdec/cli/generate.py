@@ -249,6 +249,8 @@ def run(args, parser) -> int:
 
     try:
         settings = DecodeSettings.from_args(args, draft=args.draft)
+        if settings.logprobs is not None and not args.json:
+            raise ValueError("--logprobs needs --json (the values go with each output)")
         prompts = _prompts(args)
         mesh = parse_mesh(settings.mesh)
         loaded = load_pair(settings.target, settings.draft, dtype=settings.dtype, mesh=mesh)

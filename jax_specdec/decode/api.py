@@ -213,10 +213,12 @@ class Generator:
         for name, model in self._models:
             _check_fits(model, name, request)
         spec = None if logprobs is None else LogprobSpec(logprobs, logprob_kind)
+        if spec is not None and spec.top > self.vocab_size:
+            raise ValueError(f"logprobs ({spec.top}) exceeds the vocabulary ({self.vocab_size})")
         config = dataclasses.replace(self._config(request, num_slots), logprobs=spec)
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
-        plan = self._memory_plan(config, args.prompts.shape[0] if num_slots is None else num_slots)
+        plan = self._memory_plan(config, num_slots or args.prompts.shape[0], args.prompts.shape[0])
         plan.check()  # before anything is compiled
         return Run(config, request, args, order, memory_plan=plan)
 
@@ -227,7 +229,7 @@ class Generator:
         stops = stop_array(per_row(stop_sequences, request.batch), self.vocab_size)
         return dataclasses.replace(request, sampling=request.sampling.with_stops(stops))
 
-    def _memory_plan(self, config: LoopConfig, rows: int) -> MemoryPlan:
+    def _memory_plan(self, config: LoopConfig, rows: int, prompts: int) -> MemoryPlan:
         width = 1 if self.schedule is None else self.schedule.max_gamma + 1
         if self.tree is not None:
             width = self.tree.nodes + 1
@@ -241,6 +243,7 @@ class Generator:
             vocab_size=self.vocab_size,
             mesh=self.mesh,
             available=available,
+            kept=_logprob_bytes(config, rows, prompts),
         )
 
     def _config(self, request: Request, num_slots: int | None) -> LoopConfig:
@@ -342,6 +345,16 @@ def _acceptance_rule(acceptance: str, rule: Callable | None, tree) -> Callable:
     if not callable(rule):
         raise TypeError(f"_rule must be a function, got {type(rule).__name__}")
     return rule
+
+
+def _logprob_bytes(config: LoopConfig, rows: int, prompts: int) -> int:
+    """What the log-probabilities take: the state's buffer of `rows` rows and, with slots,
+    the output of every prompt (a float32 value, top ids and values per position)."""
+    if config.logprobs is None:
+        return 0
+    per_position = 4 + 8 * config.logprobs.top
+    kept = rows + (prompts if config.num_slots is not None else 0)
+    return kept * (config.cache_len + 1) * per_position
 
 
 def _check_slots(num_slots, batch: int) -> int | None:

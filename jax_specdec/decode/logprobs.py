@@ -25,7 +25,7 @@ from flax import struct
 
 from jax_specdec.sampling import RowSampling
 
-__all__ = ["KINDS", "LogprobSpec", "Logprobs", "entries", "token_logprobs"]
+__all__ = ["KINDS", "MAX_TOP", "LogprobSpec", "Logprobs", "entries", "token_logprobs"]
 
 KINDS = ("processed", "raw")
 MAX_TOP = 20
@@ -110,7 +110,9 @@ def token_logprobs(
 def entries(logprobs: Logprobs, row: int, count: int, top: int) -> list[dict]:
     """Row `row`'s first `count` tokens' log-probabilities as JSON-ready entries (host
     side, from an output's `Logprobs`): [{"logprob", "top": [[id, logprob], ...]}] with
-    its `top` most likely alternatives (those of probability 0 left out)."""
+    its `top` most likely alternatives (those of probability 0 left out, so a row whose
+    top-k or min-p keeps fewer has fewer); a non-finite value (NaN logits, which the
+    callers refuse first) is written as null, never as invalid JSON."""
     chosen, ids, values = (
         np.asarray(a) for a in (logprobs.chosen, logprobs.top_ids, logprobs.top_values)
     )
@@ -118,5 +120,6 @@ def entries(logprobs: Logprobs, row: int, count: int, top: int) -> list[dict]:
     for t in range(count):
         pairs = zip(ids[row, t, :top], values[row, t, :top], strict=True)
         alternatives = [[int(i), float(v)] for i, v in pairs if np.isfinite(v)]
-        out.append({"logprob": float(chosen[row, t]), "top": alternatives})
+        value = float(chosen[row, t])  # never -inf: the token was drawn from it
+        out.append({"logprob": value if np.isfinite(value) else None, "top": alternatives})
     return out

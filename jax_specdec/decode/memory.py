@@ -5,9 +5,9 @@ model axis counts its shard); KV caches from their shapes (rows × positions × 
 KV heads × head_dim, keys and values) split as the program places them (rows over
 `data`, heads over `model`); the drafter's state likewise; and a working margin for a
 round's logits and probabilities ([rows, verify width, vocabulary] float32, a few
-copies). Against the device's memory where the backend reports it
-(`Device.memory_stats()["bytes_limit"]` on GPU and TPU; a CPU reports none), or a stated
-`device_memory`, a plan that cannot fit is refused in one line that gives the figures and
+copies) and the log-probabilities the program keeps, where asked for. Against the
+device's memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
+on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot fit is refused in one line that gives the figures and
 the settings to change, before anything is compiled.
 """
 
@@ -70,7 +70,9 @@ def device_memory() -> int | None:
     return None if not stats else stats.get("bytes_limit")
 
 
-def plan_memory(states, model_configs, *, rows, cache_len, width, vocab_size, mesh, available):
+def plan_memory(
+    states, model_configs, *, rows, cache_len, width, vocab_size, mesh, available, kept=0
+):
     """The `MemoryPlan` of a call.
 
     Args:
@@ -83,11 +85,13 @@ def plan_memory(states, model_configs, *, rows, cache_len, width, vocab_size, me
       vocab_size: the vocabulary the round's distributions span.
       mesh: the mesh, or None.
       available: bytes a device holds, or None: no check.
+      kept: bytes of what the program keeps besides the caches (log-probabilities),
+        counted with the working margin.
     """
     parameters = sum(_on_device(leaf) for state in states for leaf in jax.tree.leaves(state))
     caches = [_cache_bytes(c, rows, cache_len, mesh) for c in model_configs]
     data = 1 if mesh is None else mesh.shape["data"]
-    working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4
+    working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4 + kept
     return MemoryPlan(
         parameters=parameters,
         caches=caches[0],

@@ -28,13 +28,15 @@ def _is_ids(x) -> bool:
 
 def per_row(stop_sequences, batch: int) -> list[list[list[int]]]:
     """`stop_sequences` as B rows of sequences: one list of (non-empty) token-id sequences
-    for every row, or one such list per row (a row's may be empty)."""
+    for every row, or one such list per row (a row's may be empty); [] is none."""
     if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
         raise TypeError(
             "stop_sequences must be a list of token-id lists, or one such list per prompt, got "
             f"{type(stop_sequences).__name__}"
         )
-    if stop_sequences and all(_is_ids(seq) and len(seq) for seq in stop_sequences):
+    if len(stop_sequences) == 0:
+        return [[] for _ in range(batch)]
+    if all(_is_ids(seq) and len(seq) for seq in stop_sequences):
         return [list(map(list, stop_sequences))] * batch
     if len(stop_sequences) != batch or not all(
         isinstance(row, Sequence) and all(_is_ids(seq) for seq in row) for row in stop_sequences
@@ -46,9 +48,12 @@ def per_row(stop_sequences, batch: int) -> list[list[list[int]]]:
     return [list(map(list, row)) for row in stop_sequences]
 
 
-def stop_array(rows: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> np.ndarray:
+def stop_array(
+    rows: Sequence[Sequence[Sequence[int]]], vocab_size: int, shape: tuple[int, int] | None = None
+) -> np.ndarray:
     """[B, S, M] int32 of each row's stop sequences (S the most of any row, M the longest
-    sequence), right-aligned, padded with -1."""
+    sequence, or `shape`'s (S, M) where given, to keep one shape over several calls),
+    right-aligned, padded with -1."""
     rows = [[list(seq) for seq in row] for row in rows]
     for b, row in enumerate(rows):
         for seq in row:
@@ -63,6 +68,10 @@ def stop_array(rows: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> np.n
                 )
     count = max((len(row) for row in rows), default=0)
     longest = max((len(seq) for row in rows for seq in row), default=0)
+    if shape is not None:
+        if count > shape[0] or longest > shape[1]:
+            raise ValueError(f"stop sequences of ({count}, {longest}) exceed the shape {shape}")
+        count, longest = shape
     out = np.full((len(rows), max(count, 1), max(longest, 1)), -1, np.int32)
     for b, row in enumerate(rows):
         for s, seq in enumerate(row):

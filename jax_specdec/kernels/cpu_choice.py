@@ -11,15 +11,18 @@ SmolLM2-sized stack of weight products (d 576, MLP 1536, four layers and the
 interleaved; the kernel is used when it is at least `MARGIN` faster over both.
 
 The measurement runs in a subprocess (`python -m jax_specdec.kernels.cpu_choice`), once
-per machine, CPU, jaxlib and kernel source (the library's own key), and is cached next
-to the library; a process asks it before its first trace that could take the kernel,
-which is why it cannot run in the process itself (a measurement inside a trace would be
-staged, not run). `JAX_SPECDEC_SMALL_MATMUL` set to "1" or "0" decides without
-measuring.
+per machine, CPU, jaxlib and kernel source (the library's own key), under a file lock
+(processes that start together wait for one measurement), and is cached next to the
+library. It is asked for by the first trace that could take the kernel, which is why it
+runs in a subprocess: inside a trace JAX stages computations instead of running them. A
+measurement that fails is recorded as "does not pay" with the reason (XLA's products,
+always correct), so no later process waits for it again; delete the file to measure
+again. `JAX_SPECDEC_SMALL_MATMUL` set to "1" or "0" decides without measuring.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -50,19 +53,34 @@ def kernel_pays() -> bool:
     """Whether the kernel is faster here (read from the cache, or measured once in a
     subprocess and cached); False when it cannot be measured (a warning says why)."""
     path = choice_path()
-    if not path.is_file():
-        command = [sys.executable, "-m", "jax_specdec.kernels.cpu_choice", str(path)]
-        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be measuring
+        if not path.is_file():
+            _measure_into(path)
+    try:
+        return bool(json.loads(path.read_text())["pays"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _measure_into(path: pathlib.Path) -> None:
+    """Runs the measurement in a subprocess; on failure records "does not pay" and why."""
+    command = [sys.executable, "-m", "jax_specdec.kernels.cpu_choice", str(path)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-        if done.returncode != 0 or not path.is_file():
-            warnings.warn(
-                "jax_specdec: could not measure whether the CPU kernel pays here; using "
-                f"XLA's products ({done.stderr.strip()[-500:]})",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return False
-    return bool(json.loads(path.read_text())["pays"])
+        why = done.stderr.strip()[-500:] if done.returncode else ""
+    except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+    if why or not path.is_file():
+        warnings.warn(
+            f"jax_specdec: could not measure whether the CPU kernel pays here ({why}); "
+            f"using XLA's products (recorded in {path}; delete it to measure again)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        _write(path, {"pays": False, "why": why or "no result"})
 
 
 def _stack(rows: int, kernel: bool):
@@ -122,13 +140,16 @@ def _main(path: str) -> int:
         result = {"pays": False, "why": "the kernel is not available"}
     else:
         result = measure()
-    out = pathlib.Path(path)
+    _write(pathlib.Path(path), result)
+    print(json.dumps(result))
+    return 0
+
+
+def _write(out: pathlib.Path, result: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, out)
-    print(json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

@@ -218,7 +218,10 @@ def uses_kernel(x: jax.Array, w: jax.Array, transposed: bool = False) -> bool:
 
 def _wanted() -> bool:
     """`JAX_SPECDEC_SMALL_MATMUL` "1", or unset and the kernel measured faster here."""
-    if os.environ.get("JAX_SPECDEC_SMALL_MATMUL") == "1":
+    setting = os.environ.get("JAX_SPECDEC_SMALL_MATMUL")
+    if setting not in (None, "0", "1"):
+        raise ValueError(f"JAX_SPECDEC_SMALL_MATMUL must be 1 or 0 (or unset), got {setting!r}")
+    if setting == "1":
         return True
     from jax_specdec.kernels.cpu_choice import kernel_pays
 
