@@ -7,8 +7,9 @@ KV heads × head_dim, keys and values) split as the program places them (rows ov
 round's logits and probabilities ([rows, verify width, vocabulary] float32, a few
 copies) and the log-probabilities the program keeps, where asked for. Against the
 device's memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
-on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot fit is refused in one line that gives the figures and
-the settings to change, before anything is compiled.
+on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot
+fit is refused in one line that gives the figures and the settings to change, before
+anything is compiled.
 """
 
 from __future__ import annotations
