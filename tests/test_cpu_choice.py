@@ -7,7 +7,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from jax_specdec.kernels import cpu_choice, cpu_matmul
+from jax_specdec.kernels import cpu_choice, cpu_matmul, cpu_measure
 
 X, W = jnp.ones((2, 32), jnp.float32), jnp.ones((32, 48), jnp.float32)
 
@@ -27,7 +27,7 @@ def fresh_cache(monkeypatch, tmp_path):
 def test_the_cached_choice_decides_where_the_variable_is_unset(fresh_cache, monkeypatch, pays):
     if not cpu_matmul.available():
         pytest.skip("no C++ compiler: the kernel is never used")
-    path = cpu_choice.choice_path()
+    path = cpu_matmul.choice_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pays": pays}))
     assert cpu_matmul.uses_kernel(X, W) is pays
@@ -40,11 +40,11 @@ def test_the_cached_choice_decides_where_the_variable_is_unset(fresh_cache, monk
 def test_the_measurement_times_both_ways_on_one_and_five_rows():
     if not cpu_matmul.available():
         pytest.skip("no C++ compiler: the kernel is never used")
-    run, args = cpu_choice._stack(5, kernel=True)
+    run, args = cpu_measure._stack(5, kernel=True)
     assert "@jax_specdec_small_matmul" in run.lower(*args).as_text()  # the kernel, timed
-    run, args = cpu_choice._stack(5, kernel=False)
+    run, args = cpu_measure._stack(5, kernel=False)
     assert "@jax_specdec_small_matmul" not in run.lower(*args).as_text()
-    result = cpu_choice.measure(repeats=2, calls=2)
+    result = cpu_measure.measure(repeats=2, calls=2)
     assert set(result["rows"]) == {"1", "5"}
     assert all(t > 0 for r in result["rows"].values() for t in r.values())
     xla, kernel = result["xla_s"], result["kernel_s"]
@@ -55,9 +55,9 @@ def test_the_measurement_times_both_ways_on_one_and_five_rows():
 def test_an_unmeasured_machine_is_measured_once_in_a_subprocess(fresh_cache):
     if not cpu_matmul.available():
         pytest.skip("no C++ compiler: the kernel is never used")
-    path = cpu_choice.choice_path()
+    path = cpu_matmul.choice_path()
     assert not path.exists()
-    pays = cpu_choice.kernel_pays()
+    pays = cpu_choice.kernel_pays(path)
     record = json.loads(path.read_text())
     assert record["pays"] is pays and record["kernel_s"] > 0 and record["xla_s"] > 0
     assert cpu_matmul.uses_kernel(X, W) is pays

@@ -52,6 +52,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_ROWS_T",
     "available",
+    "choice_path",
     "kernel_product",
     "kernel_product_t",
     "library_path",
@@ -167,6 +168,13 @@ def library_path() -> pathlib.Path:
     return _library_path(os.environ.get("CXX") or "c++")
 
 
+def choice_path() -> pathlib.Path:
+    """Where whether the kernel pays here is recorded (`cpu_choice`): beside the library,
+    under the library's key."""
+    library = library_path()
+    return library.with_name(library.stem.replace("small_matmul", "choice") + ".json")
+
+
 @functools.cache
 def _library() -> bool:
     """Builds (once per machine) and registers the kernels; False if that fails."""
@@ -225,7 +233,7 @@ def _wanted() -> bool:
         return True
     from jax_specdec.kernels.cpu_choice import kernel_pays
 
-    return kernel_pays()
+    return kernel_pays(choice_path())
 
 
 def _call(name: str, x: jax.Array, w: jax.Array, n: int) -> jax.Array:
