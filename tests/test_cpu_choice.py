@@ -19,8 +19,10 @@ def fresh_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("JAX_SPECDEC_CACHE", str(tmp_path))
     monkeypatch.delenv("JAX_SPECDEC_SMALL_MATMUL", raising=False)
     cpu_choice.kernel_pays.cache_clear()
+    cpu_matmul._pays_here.cache_clear()
     yield tmp_path
     cpu_choice.kernel_pays.cache_clear()
+    cpu_matmul._pays_here.cache_clear()
 
 
 @pytest.mark.parametrize("pays", [True, False])

@@ -231,6 +231,13 @@ def _wanted() -> bool:
         raise ValueError(f"JAX_SPECDEC_SMALL_MATMUL must be 1 or 0 (or unset), got {setting!r}")
     if setting == "1":
         return True
+    return _pays_here(os.environ.get("CXX") or "c++", os.environ.get("JAX_SPECDEC_CACHE"))
+
+
+@functools.cache
+def _pays_here(compiler: str, cache: str | None) -> bool:
+    """`cpu_choice.kernel_pays` for this compiler and cache folder (asked once per trace
+    product otherwise: the library's key hashes the sources)."""
     from jax_specdec.kernels.cpu_choice import kernel_pays
 
     return kernel_pays(choice_path())
