@@ -18,9 +18,10 @@ from jax_specdec.io.draft import load_draft
 from jax_specdec.io.heads import load_head, save_head
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.sampling import SamplingConfig, probs_from_logits
-from jax_specdec.schedules import Confidence, Constant, CostModel, Custom, Heuristic
+from jax_specdec.schedules import Auto, Confidence, Constant, CostModel, Custom, Heuristic
 
 __all__ = [
+    "Auto",
     "AcceptResult",
     "Confidence",
     "Constant",

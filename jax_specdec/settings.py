@@ -11,8 +11,17 @@ if TYPE_CHECKING:  # the CLI imports JAX only when a command runs
     from jax_specdec.decode.tree import Tree
     from jax_specdec.sampling import SamplingConfig
 
-__all__ = ["MAX_SAMPLES", "SEED_LIMIT", "DecodeSettings", "check_seed", "parse_mesh"]
+__all__ = [
+    "MAX_SAMPLES",
+    "SEED_LIMIT",
+    "DecodeSettings",
+    "check_gamma_flag",
+    "check_seed",
+    "parse_mesh",
+    "round_args",
+]
 
+TREE_DEPTH = 4  # a --tree round's depth when --num-draft-tokens is auto
 SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is decode.request.seed_key_data
 MAX_SAMPLES = 1 << 16  # --n and a batch row's n at most (a typo of 10**9 would hang)
 
@@ -31,7 +40,9 @@ class DecodeSettings:
     Attributes:
       target, draft: as given (`io.locate`, `io.draft.load_draft`); draft None: plain
         autoregressive decoding.
-      num_draft_tokens: γ, a chain's length or a tree's depth.
+      num_draft_tokens: "auto" (`schedules.Auto`: a chain's width chosen every round from
+        measured costs) or γ, a chain's length or a tree's depth (4 for a tree when
+        "auto" was given).
       tree: the round's token tree (`--tree`, `--branch`), or None for a chain.
       acceptance: a chain's rule, "token" or "block".
       sampling: temperature, top-k and top-p.
@@ -52,7 +63,7 @@ class DecodeSettings:
 
     target: str
     draft: str | None
-    num_draft_tokens: int
+    num_draft_tokens: int | str
     tree: Tree | None
     acceptance: str
     sampling: SamplingConfig
@@ -73,7 +84,10 @@ class DecodeSettings:
         from jax_specdec import stop_strings
         from jax_specdec.sampling import SamplingConfig
 
-        tree = _tree(args.tree, args.branch, args.num_draft_tokens)
+        gamma = check_gamma_flag(args.num_draft_tokens)
+        if gamma == "auto" and args.tree is not None:
+            gamma = TREE_DEPTH  # a tree round has one shape
+        tree = _tree(args.tree, args.branch, gamma)
         if args.acceptance == "block" and tree is not None:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
         ids = args.eos.replace(" ", "").split(",")
@@ -94,7 +108,7 @@ class DecodeSettings:
         return cls(
             target=args.target,
             draft=draft,
-            num_draft_tokens=args.num_draft_tokens,
+            num_draft_tokens=gamma,
             tree=tree,
             acceptance=args.acceptance,
             sampling=sampling,
@@ -111,7 +125,8 @@ class DecodeSettings:
     def check_context(self, max_len: int) -> None:
         """--num-draft-tokens below the models' context (each draft length up to it is a
         branch of the compiled round: a γ past the context would compile without end)."""
-        if self.draft is not None and self.num_draft_tokens >= max_len:
+        gamma = self.num_draft_tokens
+        if self.draft is not None and gamma != "auto" and gamma >= max_len:
             raise ValueError(
                 f"--num-draft-tokens {self.num_draft_tokens} must be below the models' "
                 f"context of {max_len} tokens"
@@ -138,9 +153,28 @@ class DecodeSettings:
         """`Generator`'s drafting arguments (none for autoregressive decoding)."""
         if self.draft is None:
             return {}
-        return dict(
-            num_draft_tokens=self.num_draft_tokens, tree=self.tree, acceptance=self.acceptance
-        )
+        return round_args(self.num_draft_tokens, self.tree, self.acceptance)
+
+
+def round_args(num_draft_tokens, tree, acceptance: str) -> dict:
+    """`Generator`'s drafting arguments for --num-draft-tokens ("auto" or γ), a tree and
+    a chain's acceptance rule."""
+    if num_draft_tokens == "auto":
+        return dict(schedule="auto", tree=tree, acceptance=acceptance)
+    return dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
+
+
+def check_gamma_flag(value) -> int | str:
+    """--num-draft-tokens: "auto" or an int γ >= 1 (ValueError naming the flag)."""
+    if value == "auto":
+        return value
+    try:
+        gamma = int(value)
+    except (TypeError, ValueError):
+        gamma = 0
+    if isinstance(value, bool) or str(gamma) != str(value).strip() or gamma < 1:
+        raise ValueError(f"--num-draft-tokens must be 'auto' or an integer >= 1, got {value!r}")
+    return gamma
 
 
 def _check_logprobs(top: int | None) -> int | None:

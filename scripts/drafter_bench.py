@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_specdec import FeatureHead, Generator, SamplingConfig, load_draft
+from jax_specdec import Auto, FeatureHead, Generator, SamplingConfig, load_draft
 from jax_specdec.bench import measure
 from jax_specdec.cli.common import read_prompts, trees
 from jax_specdec.io import zoo
@@ -79,14 +80,26 @@ def prompt_ids(args, tokenizer) -> list[list[int]]:
     if args.prompt_file is None and args.prompt_kind != "code":
         return held_out_prompts(tokenizer, args.prompts or 4, args.prompt_len, args.prompt_kind)
     texts = CODE_PROMPTS if args.prompt_file is None else read_prompts(args.prompt_file)
-    return [tokenizer.encode(t).ids for t in texts][: args.prompts]
+    if not args.chat:
+        return [tokenizer.encode(t).ids for t in texts][: args.prompts]
+    from jax_specdec.io.chat import encode_chat, load_chat_template
+
+    template = load_chat_template(args.target_dir)
+    user = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    return [encode_chat(tokenizer, template, user(t)) for t in texts][: args.prompts]
 
 
 def settings(args, target, drafters: dict) -> list[tuple[str, str, Generator]]:
     """(drafter, round, Generator): autoregressive decoding first, then every drafter's
     chains (with block verification too under --block) and trees."""
     shapes = []
-    for gamma in map(int, filter(None, args.chains.split(","))):
+    for gamma in filter(None, args.chains.split(",")):
+        if gamma.startswith("auto"):  # the default (auto:E: with explore E)
+            explore = gamma.partition(":")[2]
+            schedule = Auto(explore=float(explore)) if explore else "auto"
+            shapes.append((gamma, dict(schedule=schedule)))
+            continue
+        gamma = int(gamma)
         shapes.append((f"chain {gamma}", dict(schedule=gamma)))
         if args.block:
             shapes.append((f"chain {gamma} block", dict(schedule=gamma, acceptance="block")))
@@ -112,7 +125,11 @@ def run_batch(args, gens, chunk, width, key) -> tuple[list[dict], list]:
     for row, ids in enumerate(chunk):
         array[row, : len(ids)] = ids
     bound = dict(key=key, max_new_tokens=args.max_new_tokens, prompt_lengths=list(map(len, chunk)))
-    runs = [gen.bind(array, **bound) for *_, gen in gens]
+    runs, binds = [], []
+    for *_, gen in gens:  # auto compiles and measures its round costs when bound
+        start = time.perf_counter()
+        runs.append(gen.bind(array, **bound))
+        binds.append(time.perf_counter() - start)
     if args.no_speed:
         timed, outs = None, [jax.block_until_ready(run()) for run in runs]
     else:
@@ -126,12 +143,16 @@ def run_batch(args, gens, chunk, width, key) -> tuple[list[dict], list]:
         entry["tokens_per_round"] = round(out.stats.tokens_per_round(out.lengths), 3)
         entry["accepted_through"] = positions(out.stats.acceptance_at())
         entry["alpha_per_position"] = positions(out.stats.conditional_acceptance_at())
+        if shape == "auto" or shape.startswith("auto:"):
+            rounds = np.asarray(out.stats.gamma_rounds)
+            entry["rounds_per_width"] = {int(w): int(n) for w, n in enumerate(rounds) if n}
         if timed is not None:
             m = timed[i]
             entry["seconds"] = round(m.seconds, 4)
             entry["speedup"] = round(timed[0].seconds / m.seconds, 3)
             entry["tokens_per_s"] = round(m.tokens_per_second, 1)
             entry["compile_s"] = round(m.timing.compile, 2)
+            entry["setup_s"] = round(binds[i] + m.timing.compile, 2)  # with auto's measuring
         entries.append(entry)
     return entries, outs
 
@@ -169,7 +190,7 @@ def check_reference(args, target, head, out, prompt, width) -> dict:
     """The first chain's output `out` on the batch's first row (`prompt`) against the
     replay; exits if they differ."""
     new = np.asarray(out.tokens)[0, : int(np.asarray(out.lengths)[0])]
-    gamma = int(args.chains.split(",")[0])
+    gamma = int(next(g for g in args.chains.split(",") if not g.startswith("auto")))
     width += args.max_new_tokens + gamma + 1
     expected = reference_acceptance(target, head, prompt, new, gamma, width)
     loop = np.asarray(out.stats.accepted_at)[0].tolist()
@@ -206,6 +227,7 @@ def parse_args(argv=None):
     p.add_argument("--block", action="store_true", help="chains with block verification too")
     p.add_argument("--prompt-kind", choices=["files", "functions", "code"], default="files")
     p.add_argument("--prompt-file", help="one prompt per line (\\n for newlines)")
+    p.add_argument("--chat", action="store_true", help="code or --prompt-file prompts as chat")
     p.add_argument("--prompts", type=int, help="how many (default: 4 held-out, all others)")
     p.add_argument("--prompt-len", type=int, default=64, help="files: tokens; functions: most")
     p.add_argument("--batch", type=int, default=1, help="prompts per call")
@@ -230,7 +252,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     zoo.enable_compilation_cache(True)
     try:
-        target, draft, tokenizer = load_pair(args.target, args.draft)[:3]
+        loaded = load_pair(args.target, args.draft)
+        target, draft, tokenizer = loaded[:3]
+        args.target_dir = loaded.target_dir
         drafters = {args.draft: draft}
         drafters |= {v: load_draft(v, target, tokenizer) for v in args.versus}
         gens = settings(args, target, drafters)

@@ -69,6 +69,14 @@ def _run_cache():
 
 
 _run_cache()
+# schedule="auto" measures round costs once per shape: into this run's own folder, so a
+# test never reads another run's (or the user's) measurements.
+os.environ.setdefault(
+    "JAX_SPECDEC_ROUND_COSTS",
+    os.environ[RUN_CACHE] + "_round_costs"
+    if RUN_CACHE in os.environ
+    else tempfile.mkdtemp(prefix="jax_specdec_costs_"),
+)
 if RUN_CACHE in os.environ:
     for name, value in (
         ("jax_compilation_cache_dir", os.environ[RUN_CACHE]),
@@ -83,6 +91,7 @@ if RUN_CACHE in os.environ:
 def pytest_unconfigure(config):
     if os.environ.get("JAX_SPECDEC_TEST_CACHE_OWNER") == str(os.getpid()):
         shutil.rmtree(os.environ[RUN_CACHE], ignore_errors=True)
+        shutil.rmtree(os.environ[RUN_CACHE] + "_round_costs", ignore_errors=True)
 
 
 # Every program XLA:CPU compiles holds a few hundred memory maps until it is dropped, and

@@ -52,10 +52,12 @@ def test_generate_json_is_reproducible(pair, capsys):
 
 def test_generate_n_samples_and_stop_strings(pair, capsys):
     """--n 2: sample 0 is the lone sample's row, sample 1 the row of the seed derived from
-    the seed and 1 alone; --stop cuts the text (finish_reason "stop", with "stop")."""
+    the seed and 1 alone; --stop cuts the text (finish_reason "stop", with "stop"). At a
+    fixed width: with auto the widths, so the tokens (not their distribution), follow the
+    costs measured for each batch size."""
     from jax_specdec.batch.input import sample_seed
 
-    base = run_json(pair, "def f(x):", "--max-new-tokens", "10", "--temperature", "1")
+    base = run_json(pair, "def f(x):", "--max-new-tokens", "10", "--temperature", "1", "-k", "4")
     base += ["--eos", "none"]
     assert main([*base, "--seed", "3", "--n", "2"]) == 0
     two = json.loads(capsys.readouterr().out)["outputs"]
@@ -92,6 +94,12 @@ def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
     stats = json.loads(capsys.readouterr().out)["stats"]
     assert stats["same_text_as_autoregressive"] is True
     assert stats["speedup"] == pytest.approx(stats["autoregressive_seconds"] / stats["seconds"])
+    # The default is auto: what it chose, from which costs, and the setup it took.
+    rounds = stats["rounds_per_width"]
+    assert set(rounds) <= {"0", "1", "2", "3", "4", "6", "8"} and sum(rounds.values()) > 0
+    costs = stats["round_costs"]
+    assert costs["source"] in ("measured", "cache") and len(costs["seconds_per_round"]) == 7
+    assert len(costs["acceptance_prior"]) == 8 and stats["setup_seconds"] > 0
 
 
 def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
@@ -114,7 +122,7 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.count("-" * 60) == 2
     assert captured.out.startswith("class A:\n    def")
-    assert "tokens/round" in captured.err
+    assert "tokens/round" in captured.err and "auto:" not in captured.err  # -k 2
 
 
 @pytest.mark.parametrize(
@@ -129,7 +137,8 @@ def test_generate_prompt_file_and_plain_output(pair, tmp_path, capsys):
         (["x", "--repetition-penalty", "0"], "repetition_penalty"),
         (["x", "--logit-bias", "5=1"], "--logit-bias must be ID:BIAS"),
         (["x", "--max-new-tokens", "5000"], "max_len"),
-        (["x", "-k", "0"], "num_draft_tokens"),
+        (["x", "-k", "0"], "--num-draft-tokens must be 'auto' or an integer >= 1, got '0'"),
+        (["x", "-k", "fast"], "--num-draft-tokens must be 'auto' or an integer >= 1"),
         (["x", "--n", "0"], "--n must lie in [1, 65536], got 0"),
         (["x", "--n", "-3"], "--n must lie in [1, 65536], got -3"),
         (["x", "--stop", "a", "--stop", ""], "--stop must not hold an empty string"),
@@ -295,3 +304,19 @@ def test_sweep_times_the_exploring_cost_model_with_its_explore():
     assert "cost_model_explore" not in {r[0] for r in _schedules([1, 2], 2, 0.4, cost, None, 0.0)}
     with pytest.raises(ValueError, match="explore"):
         run_sweep(None, None, [[1, 2]], gammas=(1,), max_gamma=2, explore=float("nan"))
+
+
+def test_the_auto_line_says_what_was_chosen_and_from_where():
+    from jax_specdec.cli.generate import _auto_line
+
+    summary = {
+        "rounds_per_width": {0: 3, 2: 10},
+        "round_costs": {"source": "measured", "measuring_seconds": 12.34},
+        "setup_seconds": 40.0,
+    }
+    line = _auto_line(summary)
+    assert line.startswith("auto: rounds per draft width {0: 3, 2: 10}")
+    assert "measured in 12.3 s, cached" in line and "compiling and measuring 40.0 s" in line
+    summary["round_costs"]["source"] = "cache"
+    del summary["setup_seconds"]
+    assert "read from the cache" in _auto_line(summary) and "compiling" not in _auto_line(summary)

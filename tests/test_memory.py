@@ -46,9 +46,13 @@ def test_a_call_that_does_not_fit_is_refused_before_compiling(pair, monkeypatch)
     target, draft = pair
     compiled = []
     monkeypatch.setattr(program, "generate", lambda *a, **k: compiled.append(1))
-    need = Generator(target, draft).bind(PROMPTS, key=jax.random.key(0), max_new_tokens=64)
+    # A fixed width: schedule="auto" would run the program to measure its costs when
+    # bound (after the same check).
+    need = Generator(target, draft, schedule=4).bind(
+        PROMPTS, key=jax.random.key(0), max_new_tokens=64
+    )
     total = need.memory_plan.total
-    gen = Generator(target, draft, device_memory=total - 1)
+    gen = Generator(target, draft, schedule=4, device_memory=total - 1)
     with pytest.raises(ValueError) as error:
         gen(PROMPTS, key=jax.random.key(0), max_new_tokens=64)
     message = str(error.value)
@@ -57,7 +61,7 @@ def test_a_call_that_does_not_fit_is_refused_before_compiling(pair, monkeypatch)
     assert "num_slots" in message and "bfloat16" in message
     assert not compiled
     assert math.isclose(
-        Generator(target, draft, device_memory=total)
+        Generator(target, draft, schedule=4, device_memory=total)
         .bind(PROMPTS, key=jax.random.key(0), max_new_tokens=64)
         .memory_plan.total,
         total,

@@ -26,6 +26,7 @@ from jax_specdec import (
     speculative_generate,
 )
 from jax_specdec.schedules import (
+    Auto,
     Confidence,
     Constant,
     CostModel,
@@ -55,10 +56,14 @@ MODEL_SCHEDULES = {
     ),
     "cost_model_off": CostModel(draft_cost=1.0, verify_costs=(1.0, 3.0, 5.0)),
     "custom_cycle": Custom(cycle, max_gamma=4),
+    # schedule="auto" with its costs given (measured ones would differ per machine): a
+    # menu whose widths switch between rounds as the rows' remaining tokens shrink.
+    "auto": Auto(widths=(0, 1, 2, 4), round_costs=(1.0, 1.1, 1.2, 1.4), prior_alpha=0.98),
 }
 NGRAM_SCHEDULES = {
     "ngram_heuristic": Heuristic(initial=2, max_gamma=4),
     "ngram_cycle": Custom(cycle, max_gamma=4),
+    "ngram_auto": Auto(widths=(0, 2, 4), round_costs=(1.0, 1.05, 1.1), prior_alpha=0.9),
 }
 
 
@@ -103,7 +108,7 @@ def test_greedy_equals_autoregressive_for_every_schedule(name):
     assert np.all(np.asarray(s.accepted_at + s.rejected_at) <= np.asarray(s.drafted_at))
     if name == "cost_model_off":  # verifying costs more than it can return: never drafts
         assert int(np.sum(s.drafted)) == 0 and s.gamma_rounds.tolist() == [23, 0, 0]
-    if name in ("ngram_cycle", "cost_model"):
+    if name in ("ngram_cycle", "cost_model", "auto"):
         assert int(s.gamma_rounds[0]) > 0 and int(np.sum(s.gamma_rounds[1:])) > 0
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from jax_specdec.batch.call import JobPlan, run_call
 from jax_specdec.batch.input import JobRow, samples
 from jax_specdec.batch.output import Tally, append, lines, pending, progress_bar
+from jax_specdec.settings import round_args
 
 __all__ = ["CALL_SLOTS", "call_limit", "make_generate", "plan_batches", "run_call", "run_job"]
 
@@ -74,7 +75,7 @@ def make_generate(
     draft,
     *,
     eos_token_id,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | str = 4,
     mesh=None,
     num_slots=None,
     tree=None,
@@ -96,7 +97,7 @@ def make_generate(
     models = (target,) if draft is None else (target, draft)
     rounds = {}
     if draft is not None:
-        rounds = dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
+        rounds = round_args(num_draft_tokens, tree, acceptance)
     # Made once: the weights are placed on the mesh once for all calls.
     generator = Generator(*models, **rounds, eos_token_id=eos_token_id, mesh=mesh)
     # A mesh over several processes' devices: the output comes back whole on every process.

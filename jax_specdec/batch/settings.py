@@ -135,13 +135,17 @@ class BatchSettings:
         """The job's `generate` (`run.make_generate` with these settings)."""
         from jax_specdec.batch.run import make_generate
 
+        d = self.decode
+        rounds = {}
+        if self.speculative and d.draft is not None:
+            rounds = dict(num_draft_tokens=d.num_draft_tokens, tree=d.tree, acceptance=d.acceptance)
         return make_generate(
             target,
             draft if self.speculative else None,
             eos_token_id=eos,
             mesh=mesh,
             num_slots=self.slots,
-            **self.decode.rounds(),
+            **rounds,
         )
 
     def for_workers(self) -> BatchSettings:
@@ -159,13 +163,21 @@ class BatchSettings:
         return dataclasses.replace(self, decode=decode, draft=absolute(self.draft))
 
 
+def _gamma_count(value) -> int:
+    """--num-draft-tokens as a count to check (auto: within bounds)."""
+    from jax_specdec.settings import check_gamma_flag
+
+    gamma = check_gamma_flag(value)
+    return 1 if gamma == "auto" else gamma
+
+
 def _check_counts(args) -> None:
     """The counts and budgets that become int32 in the compiled program."""
     for flag, value in (
         ("--slots", args.slots),
         ("--rows-per-call", 1 if args.rows_per_call is None else args.rows_per_call),
         ("--batch-size", args.batch_size),
-        ("--num-draft-tokens", args.num_draft_tokens),
+        ("--num-draft-tokens", _gamma_count(args.num_draft_tokens)),
         ("--max-new-tokens", args.max_new_tokens),
     ):
         if not 1 <= value <= INT32_MAX:

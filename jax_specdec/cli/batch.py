@@ -49,8 +49,11 @@ def add_parser(sub) -> None:
     )
     job.add_argument("--batch-size", type=int, default=8, help="rows per fixed batch")
     job.add_argument("--seed", type=int, default=0, help="job seed (rows without their own)")
-    job.add_argument("--num-draft-tokens", "-k", type=int, default=4)
-    common.add_round_flags(job)
+    # A fixed width: with auto a row's tokens at T > 0 would depend on which rows share
+    # its call (the widths follow the batch), and a restarted job must give each row
+    # the tokens it would have got.
+    why = "; auto: a row's tokens, not their distribution, then depend on its call's rows"
+    common.add_round_flags(job, gamma=4, why=why)
     job.add_argument("--max-new-tokens", type=int, default=128)
     common.add_sampling_flags(job)
     common.add_sample_flags(job, "row (a row's own 'n' overrides it)")

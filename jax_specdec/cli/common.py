@@ -128,7 +128,8 @@ def add_sample_flags(parser: argparse.ArgumentParser, what: str) -> None:
         type=int,
         default=1,
         help=f"samples per {what}: sample 0 keyed as a lone sample is, sample i >= 1 by a "
-        "seed derived from that seed and i alone (default: %(default)s)",
+        "seed derived from that seed and i alone; with a fixed -k it gets the tokens that "
+        "seed gets alone (with auto, their distribution) (default: %(default)s)",
     )
     parser.add_argument(
         "--stop",
@@ -172,8 +173,18 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_round_flags(parser: argparse.ArgumentParser) -> None:
-    """--tree, --branch and --acceptance: the shape of a round and its acceptance rule."""
+def add_round_flags(parser: argparse.ArgumentParser, gamma="auto", why: str = "") -> None:
+    """--num-draft-tokens (default `gamma`, `why` says why), --tree, --branch and
+    --acceptance: the shape of a round and its acceptance rule."""
+    parser.add_argument(
+        "--num-draft-tokens",
+        "-k",
+        default=gamma,
+        help="tokens drafted per round: auto (each round's width chosen from round costs "
+        "measured on this machine, once per shape, and the acceptance seen so far; "
+        "drafting switches itself off where it does not pay) or a fixed γ (a --tree's "
+        f"depth; 4 with auto) (default: %(default)s{why})",
+    )
     parser.add_argument(
         "--tree",
         type=int,

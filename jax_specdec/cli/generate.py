@@ -34,7 +34,6 @@ def add_parser(sub) -> None:
         "model) (default: %(default)s)",
     )
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
     common.add_round_flags(gen)
     common.add_model_flags(gen)
     common.add_sampling_flags(gen)
@@ -123,18 +122,22 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     key = _keys(settings.seed, len(ids), settings.n)
     ids = [row for row in ids for _ in range(settings.n)]
     outputs = _outputs(settings, loaded.tokenizer)
+    start = time.perf_counter()
     run = spec.bind(ids, key=key, max_new_tokens=args.max_new_tokens, **outputs)
+    bound = time.perf_counter() - start  # with auto: compiling and measuring the costs
     if args.verbose:
         print(run.memory_plan.describe(), file=sys.stderr)
+    common = {"stop_ids": spec.stop_ids, "round_costs": run.round_costs}
     if not args.compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
-        return {"out": out, "seconds": time.perf_counter() - start, "stop_ids": spec.stop_ids}
+        return {"out": out, "seconds": time.perf_counter() - start, **common}
     ar_run = Generator(loaded.target, **shared).bind(
         ids, key=key, max_new_tokens=args.max_new_tokens, **outputs
     )
     spec_m, ar_m = measure([run, ar_run], repeats=3)
-    return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m, "stop_ids": spec.stop_ids}
+    setup = bound + spec_m.timing.compile  # the program compiles in bind or its first run
+    return {"out": spec_m.output, "seconds": spec_m.seconds, "ar": ar_m, "setup": setup, **common}
 
 
 def _outputs(settings: DecodeSettings, tokenizer) -> dict:
@@ -179,8 +182,16 @@ def _summary(result: dict) -> dict:
         "seconds": seconds,
         "tokens_per_second": float(lengths.sum() / seconds),
     }
+    widths = np.asarray(out.stats.gamma_rounds)
+    summary["rounds_per_width"] = {int(w): int(n) for w, n in enumerate(widths) if n}
+    if result["round_costs"] is not None:
+        costs = result["round_costs"]
+        summary["round_costs"] = {"seconds_per_round": list(costs.per_width)}
+        summary["round_costs"]["acceptance_prior"] = costs.alpha
+        summary["round_costs"] |= {"source": costs.source, "measuring_seconds": costs.seconds}
     if "ar" in result:
         ar = result["ar"]
+        summary["setup_seconds"] = result["setup"]
         summary["autoregressive_seconds"] = ar.seconds
         summary["speedup"] = ar.seconds / seconds
         same = np.array_equal(np.asarray(ar.output.tokens), np.asarray(out.tokens))
@@ -242,6 +253,21 @@ def _print(args, rows: list[dict], summary) -> None:
             f"speedup {summary['speedup']:.2f}x"
         )
     print(line, file=sys.stderr)
+    if "round_costs" in summary:
+        print(_auto_line(summary), file=sys.stderr)
+
+
+def _auto_line(summary: dict) -> str:
+    """What auto chose: rounds of each draft width, and where its costs came from."""
+    chosen = ", ".join(f"{w}: {n}" for w, n in summary["rounds_per_width"].items())
+    costs = summary["round_costs"]
+    where = {"cache": "read from the cache", "given": "given"}.get(costs["source"])
+    where = where or f"measured in {costs['measuring_seconds']:.1f} s, cached"
+    line = f"auto: rounds per draft width {{{chosen}}} (0: a plain step) · round costs {where}"
+    if "setup_seconds" in summary:
+        line += f" · compiling{' and measuring' if costs['source'] == 'measured' else ''} "
+        line += f"{summary['setup_seconds']:.1f} s"
+    return line
 
 
 def run(args, parser) -> int:

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
+from jax_specdec.decode.auto_costs import with_round_costs
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.resolve import as_drafter
 from jax_specdec.decode.logprobs import LogprobSpec
@@ -33,7 +34,7 @@ from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
-from jax_specdec.schedules import Confidence, Constant, as_schedule
+from jax_specdec.schedules import Auto, Confidence, Constant, as_schedule
 from jax_specdec.sharding import check_mesh, kv_repeats, place_rows, repeat_kv_heads, shard_state
 
 __all__ = ["Generator"]
@@ -56,8 +57,11 @@ class Generator:
         `(drafter, model)` pair if it drafts with a model), a path or name to load
         (`io.draft.load_draft`: "ngram", a model or head directory, a .gguf file), or
         None for autoregressive decoding (`decode.drafters.resolve.as_drafter`).
-      schedule: tokens drafted per row and round: an int γ >= 1 (default 4), or a
-        `jax_specdec.schedules` policy (Constant, Heuristic, CostModel, Custom). A
+      schedule: tokens drafted per row and round: "auto" (the default; `Auto()`: the
+        width chosen every round from round costs measured on this machine for the
+        call's shapes, at the first call of each shape, and the acceptance seen so far;
+        drafting switches itself off where it does not pay), an int γ >= 1, or a
+        `jax_specdec.schedules` policy (Auto, Constant, Heuristic, CostModel, Custom). A
         `Confidence(threshold, max_gamma)` drafts up to max_gamma tokens and stops a
         row's drafting below the threshold (it needs a draft model).
       num_draft_tokens: an alias of `schedule=γ`.
@@ -75,9 +79,9 @@ class Generator:
         Leviathan et al.) or "block" (block verification: no fewer tokens kept on
         average). A tree round walks its tree (recursive rejection for sampled trees).
       tree: draft a token tree each round and verify it in one target call
-        (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int), or a
-        `Tree(nodes, depth, branch)`. An `NGram`, a feature head or an EAGLE-3 head builds
-        trees.
+        (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int; 4
+        when no schedule is given), or a `Tree(nodes, depth, branch)`. An `NGram`, a
+        feature head or an EAGLE-3 head builds trees.
       device_memory: bytes one device holds, for the memory plan each call is checked
         against before compiling (`decode.memory`); None: what the backend reports (GPU,
         TPU), no check where it reports nothing (CPU).
@@ -111,7 +115,7 @@ class Generator:
         self.vocab_size = target.config.vocab_size
         self.drafter, self.schedule, self.tree = None, None, None
         if draft is not None:
-            self._set_drafter(draft, schedule, num_draft_tokens, vocab_size)
+            self._set_drafter(draft, _schedule(num_draft_tokens, schedule, tree), vocab_size)
             self.tree = None if tree is None else as_tree(tree, self.schedule, self.drafter)
         elif any(a is not None for a in (schedule, num_draft_tokens, vocab_size, tree)):
             raise ValueError("schedule, num_draft_tokens, vocab_size and tree need a draft")
@@ -125,8 +129,7 @@ class Generator:
         self.device_memory = device_memory
         self._split(mesh)
 
-    def _set_drafter(self, draft, schedule, num_draft_tokens, vocab_size):
-        schedule = _schedule(num_draft_tokens, schedule)
+    def _set_drafter(self, draft, schedule, vocab_size):
         limit = self.target.config.max_len
         if schedule.max_gamma >= limit:  # every width up to it is a branch to compile
             raise ValueError(
@@ -220,7 +223,11 @@ class Generator:
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
         plan = self._memory_plan(config, num_slots or args.prompts.shape[0], args.prompts.shape[0])
         plan.check()  # before anything is compiled
-        return Run(config, request, args, order, memory_plan=plan)
+        run = Run(config, request, args, order, memory_plan=plan)
+        if isinstance(self.schedule, Auto):  # its costs: an input, measured once per shape
+            models = [m for _, m in self._models]
+            run, run.round_costs = with_round_costs(run, self.schedule, models)
+        return run
 
     def _with_stops(self, request: Request, stop_sequences) -> Request:
         """`request` with the rows' stop sequences (`decode.stop_tokens`), if any."""
@@ -257,7 +264,7 @@ class Generator:
             target_def=self._defs[0],
             draft_def=self._defs[1],
             drafter=self.drafter,
-            schedule=self.schedule,
+            schedule=_static(self.schedule),
             max_new_tokens=request.max_new_tokens,
             eos_token_id=self._stop_ids,
             vocab_size=self.vocab_size,
@@ -316,7 +323,27 @@ class Generator:
         return _checked(run())
 
 
-def _schedule(num_draft_tokens, schedule):
+def _static(schedule):
+    """The schedule as the program sees it: `Auto`'s costs are an input, not part of it."""
+    if isinstance(schedule, Auto):
+        return dataclasses.replace(schedule, round_costs=None)
+    return schedule
+
+
+def _schedule(num_draft_tokens, schedule, tree):
+    """The schedule the arguments ask for: `Auto()` by default (or "auto"); a tree round's
+    depth (4 for `tree=N`) when a tree is given alone."""
+    if schedule is None and num_draft_tokens is None:
+        if tree is None:
+            return Auto()
+        return as_schedule(tree.depth if isinstance(tree, Tree) else 4)
+    if isinstance(schedule, str):
+        if schedule != "auto":
+            raise TypeError(
+                f"schedule must be an int γ >= 1, 'auto' or a schedule (Auto, Constant, "
+                f"Heuristic, CostModel, Custom, ...), got {schedule!r}"
+            )
+        schedule = Auto()
     if num_draft_tokens is not None:
         if schedule is not None:
             raise ValueError(
@@ -326,7 +353,7 @@ def _schedule(num_draft_tokens, schedule):
         return Constant(check_int("num_draft_tokens", num_draft_tokens, 1))
     if isinstance(schedule, Confidence):  # a way of drafting, checked by the Generator
         return schedule
-    return as_schedule(4 if schedule is None else schedule)
+    return as_schedule(schedule)
 
 
 def _acceptance_rule(acceptance: str, rule: Callable | None, tree) -> Callable:

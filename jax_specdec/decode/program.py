@@ -97,6 +97,7 @@ def generate(
     keys,
     budgets,
     sampling,
+    auto=None,
     *,
     config: LoopConfig,
 ) -> GenerationOutput:
@@ -112,6 +113,8 @@ def generate(
         slots, 0 marks padding rows after the real prompts.
       sampling: each row's sampling setting, a `RowSampling` [B] (its `SamplingPlan` is
         static: rows of any settings under one plan share the compiled program).
+      auto: what `schedules.Auto` chooses from (`AutoInputs`: seconds per round of
+        each width, prior acceptance per draft position); None for other schedules.
       config: the static `LoopConfig`.
     """
     if keys.dtype == jnp.uint32:
@@ -121,7 +124,9 @@ def generate(
     body = _loop_body(target, draft, config)
     if config.num_slots is not None:
         state = init_slots(target, draft, prompts, prompt_lengths, keys, budgets, sampling, config)
+        state = state.replace(auto=auto)
         return finish_slots(jax.lax.while_loop(running, body, state), config)
     state = init_state(target, draft, prompts, prompt_lengths, keys, budgets, sampling, config)
+    state = state.replace(auto=auto)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return finish(state, config)

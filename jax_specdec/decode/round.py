@@ -51,7 +51,8 @@ def _round_widths(config: LoopConfig, fixed: bool) -> tuple[int, ...]:
     output does not depend on the widths compiled."""
     if fixed and config.draft_def is None:
         return (0, config.gamma_max)
-    return tuple(range(config.gamma_max + 1))
+    menu = getattr(config.schedule, "widths", None)  # a schedule that picks from a menu
+    return tuple(range(config.gamma_max + 1)) if menu is None else tuple(menu)
 
 
 def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:

@@ -18,6 +18,7 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.request import Request
 from jax_specdec.decode.stats import GenerationOutput, take_rows
 from jax_specdec.sampling import RowSampling
+from jax_specdec.schedules.auto import AutoInputs
 
 __all__ = ["ProgramArgs", "Run"]
 
@@ -32,6 +33,7 @@ class ProgramArgs(NamedTuple):
     keys: jax.Array  # [B] keys, or [B, 2] uint32 key data on a mesh
     budgets: jax.Array  # [B] int32 max_new_tokens per row (0: a padding row of slots)
     sampling: RowSampling  # [B] each row's sampling setting
+    auto: AutoInputs | None = None  # what `schedules.Auto` chooses from
 
 
 class Run:
@@ -43,6 +45,8 @@ class Run:
       request: the validated inputs, on the host.
       args: the program's array arguments, as placed.
       memory_plan: what a device holds for it (`decode.memory.MemoryPlan`), or None.
+      round_costs: for `schedules.Auto`, the costs it chooses from and where they came
+        from (`decode.auto_costs.Costs`); None otherwise.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class Run:
     ):
         self.config, self.request, self.args = config, request, args
         self.memory_plan = memory_plan
+        self.round_costs = None
         # With slots: the prompts' queue order (row i of args holds prompt order[i]).
         self._inverse = None if order is None else jnp.asarray(np.argsort(order), jnp.int32)
 

@@ -73,6 +73,8 @@ class LoopState:
         uses a penalty (`sampling.plan.penalties`); None otherwise.
       logprobs: the log-probabilities of `tokens` (`decode.logprobs.Logprobs` [B, L])
         when `config.logprobs` asks for them; None otherwise.
+      auto: the program's input for `schedules.Auto` (`AutoInputs`: round costs and
+        prior acceptance); None otherwise.
     """
 
     tokens: jax.Array
@@ -91,6 +93,7 @@ class LoopState:
     queue: Any = None
     seen: Any = None
     logprobs: Any = None
+    auto: Any = None
 
     @property
     def generated(self) -> jax.Array:
@@ -282,6 +285,7 @@ def schedule_stats(state: LoopState, config: LoopConfig) -> ScheduleStats:
         rejected_at=s.rejected_at,
         last_gamma=state.last_gamma,
         last_accepted=state.last_accepted,
+        auto=state.auto,
     )
 
 

@@ -26,6 +26,9 @@ Per row or per batch:
   waits for its slowest row, so it minimises the expected time until the batch is
   done. A row's tokens then depend on its neighbours through the chosen γ (their
   distribution never does).
+- `Auto` (the default with a drafter) decides per batch as `CostModel` does, from round
+  costs measured on this machine for the call's shapes (an input of the program,
+  measured by `Generator` with the program itself) over a menu of widths.
 - `Custom`: whatever the user's function does.
 
 `Confidence` is not a draft length but a way of drafting (stop a row's draft below a
@@ -37,13 +40,15 @@ compiled program: changing the schedule recompiles, changing its inputs does not
 `calibrate_round_costs`.
 """
 
+from jax_specdec.schedules.auto import Auto
 from jax_specdec.schedules.base import ScheduleStats
 from jax_specdec.schedules.cost_model import CostModel
 from jax_specdec.schedules.policies import Confidence, Constant, Custom, Heuristic, as_schedule
 
-Schedule = Constant | Heuristic | Confidence | CostModel | Custom
+Schedule = Auto | Constant | Heuristic | Confidence | CostModel | Custom
 
 __all__ = [
+    "Auto",
     "Confidence",
     "Constant",
     "CostModel",

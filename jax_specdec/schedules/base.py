@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 
@@ -31,6 +31,9 @@ class ScheduleStats(NamedTuple):
       last_gamma: [B] int32, tokens the row drafted in the previous round (0 before
         the first round).
       last_accepted: [B] int32, how many of them were accepted.
+      auto: what `Auto` chooses from (`schedules.auto.AutoInputs`: round costs and
+        prior acceptance, an input of the program, not part of it); None for the other
+        schedules.
     """
 
     round: jax.Array
@@ -45,6 +48,7 @@ class ScheduleStats(NamedTuple):
     rejected_at: jax.Array
     last_gamma: jax.Array
     last_accepted: jax.Array
+    auto: Any = None
 
 
 def check_gamma(name: str, value, low: int = 1) -> int:

@@ -107,10 +107,13 @@ class CostModel:
         g = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
         return g * self.draft_cost + jnp.asarray(self.verify_costs, jnp.float32)
 
-    def alpha(self, stats: ScheduleStats) -> jax.Array:
+    def alpha(self, stats: ScheduleStats, prior=None, optimism=None) -> jax.Array:
         """[B, max_gamma] each row's estimated acceptance of each draft position: the
-        Beta posterior's mean, plus `explore` of its standard deviations."""
-        prior = jnp.broadcast_to(jnp.asarray(self.prior_alpha, jnp.float32), (self.max_gamma,))
+        Beta posterior's mean, plus `explore` of its standard deviations (only at the
+        positions where `optimism` [max_gamma] is True, if given). `prior`: the prior's
+        mean per position (an array), instead of `prior_alpha`."""
+        prior = self.prior_alpha if prior is None else prior
+        prior = jnp.broadcast_to(jnp.asarray(prior, jnp.float32), (self.max_gamma,))
         a = prior * self.prior_weight
         b = (1.0 - prior) * self.prior_weight
         accepted = stats.accepted_at.astype(jnp.float32)
@@ -119,19 +122,20 @@ class CostModel:
         if not self.explore:
             return mean
         sd = jnp.sqrt(mean * (1.0 - mean) / (seen + 1.0))  # the Beta posterior's
-        return jnp.maximum(mean, jnp.minimum(mean + self.explore * sd, 0.99))
+        hopeful = jnp.maximum(mean, jnp.minimum(mean + self.explore * sd, 0.99))
+        return hopeful if optimism is None else jnp.where(optimism, hopeful, mean)
 
-    def tokens(self, stats: ScheduleStats) -> tuple[jax.Array, jax.Array]:
+    def tokens(self, stats: ScheduleStats, prior=None, optimism=None):
         """Mean and variance of each row's tokens per round, [B, max_gamma + 1] by γ."""
-        alpha = self.alpha(stats)
+        alpha = self.alpha(stats, prior, optimism)
         reach = jnp.concatenate([jnp.ones_like(alpha[:, :1]), jnp.cumprod(alpha, axis=1)], 1)
         k = jnp.arange(self.max_gamma + 1, dtype=jnp.float32)
         mean = jnp.cumsum(reach, axis=1)
         return mean, jnp.maximum(jnp.cumsum((2 * k + 1) * reach, axis=1) - mean**2, 0.0)
 
-    def rounds(self, stats: ScheduleStats) -> jax.Array:
+    def rounds(self, stats: ScheduleStats, prior=None, optimism=None) -> jax.Array:
         """[max_gamma + 1] expected rounds until the batch's last active row is done."""
-        mean, var = self.tokens(stats)
+        mean, var = self.tokens(stats, prior, optimism)
         left = jnp.where(stats.active, stats.remaining, 0).astype(jnp.float32)[:, None]
         n = jnp.maximum(jnp.sum(stats.active), 1).astype(jnp.float32)
         z = jax.scipy.special.ndtri((n - 0.375) / (n + 0.25))  # E[max of n normals]
@@ -141,11 +145,16 @@ class CostModel:
         rows = jnp.clip(rows, jnp.ceil(left / widest), left)
         return jnp.max(jnp.where(stats.active[:, None], rows, 0.0), axis=0)
 
-    def __call__(self, stats: ScheduleStats) -> jax.Array:
+    def choose(self, stats: ScheduleStats, costs: jax.Array, prior=None, optimism=None):
+        """[B] the γ minimising expected rounds × `costs` [max_gamma + 1], every row alike
+        (`prior`, `optimism`: as `alpha`'s)."""
         if stats.accepted_at.shape[-1] != self.max_gamma:
             raise ValueError(
                 f"CostModel: stats are for max_gamma {stats.accepted_at.shape[-1]}, "
                 f"the model for {self.max_gamma}"
             )
-        best = jnp.argmin(self.rounds(stats) * self.costs()).astype(jnp.int32)
+        best = jnp.argmin(self.rounds(stats, prior, optimism) * costs).astype(jnp.int32)
         return jnp.full(stats.active.shape, best, jnp.int32)
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        return self.choose(stats, self.costs())

@@ -1,0 +1,254 @@
+"""What `schedules.Auto` chooses from: round costs measured with the call's own
+program, and the acceptance per draft position those runs saw, kept on disk.
+
+A round's cost depends on the device, the models, the drafter, the batch and the cache
+length, so it is measured where it runs: the bound program is run with each width of
+the menu forced in turn (inputs that make only that width affordable: the same compiled
+program, nothing else to compile), on the call's own prompts for `TOKENS` tokens per
+row, and once for 1 token (the prefill alone); `REPEATS` interleaved passes, medians.
+A width's cost is (its run − the prefill run) / its rounds. The acceptance of each draft
+position in those runs becomes the prior `Auto` starts each row from.
+
+Both are kept as JSON under `$JAX_SPECDEC_ROUND_COSTS`, else `<cache>/round_costs/`
+(`io.zoo.cache_dir`), keyed by the machine (device kind and count, the CPU's model and
+cores, jax's version, the CPU kernel setting) and the program's shapes and settings; a
+later call with the same key measures nothing (its rows start from the stored prior).
+Delete the folder to measure again. On several processes, process 0's file and
+measurement decide for all (every process runs the same programs).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_specdec.decode.run import Run
+from jax_specdec.schedules.auto import Auto, AutoInputs
+
+__all__ = ["FOLDER_ENV", "REPEATS", "TOKENS", "Costs", "cache_key", "measure", "with_round_costs"]
+
+FOLDER_ENV = "JAX_SPECDEC_ROUND_COSTS"
+TOKENS = 24  # tokens per row of a measuring run
+REPEATS = 2  # interleaved passes over the runs
+SMOOTHING = 4.0  # tries of the overall rate added to each position's acceptance
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Seconds per round of each width of `Auto.widths`, the acceptance per draft
+    position the measuring runs saw (None: not measured), and where they came from:
+    "given" (`Auto.round_costs`), "cache" (a file) or "measured" (in `seconds`)."""
+
+    per_width: tuple[float, ...]
+    alpha: tuple[float, ...] | None
+    source: str
+    path: pathlib.Path | None = None
+    seconds: float = 0.0
+
+
+def with_round_costs(run: Run, schedule: Auto, models) -> tuple[Run, Costs]:
+    """`run` with its `auto` input set: the schedule's own costs, the cached ones for
+    this machine and program, or measured now (and cached). `models`: the program's
+    models (their configurations are part of the cache key)."""
+    if schedule.round_costs is not None:
+        costs = Costs(schedule.round_costs, None, "given")
+    else:
+        costs = _cached_or_measured(run, schedule, models)
+    return _with_input(run, schedule.inputs(costs.per_width, costs.alpha)), costs
+
+
+def _cached_or_measured(run: Run, schedule: Auto, models) -> Costs:
+    key = cache_key(run, schedule, models)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    path = _folder() / f"{digest}.json"
+    found = _read(path, schedule)
+    size = len(schedule.widths) + schedule.max_gamma
+    if _agree(np.float32(found is not None)) > 0:  # process 0's file decides
+        values = _agree(np.asarray(found if found else [0.0] * size, np.float64))
+        source, seconds = "cache", 0.0
+    else:
+        start = time.perf_counter()
+        values = _agree(np.concatenate([np.asarray(v, np.float64) for v in measure(run, schedule)]))
+        source, seconds = "measured", time.perf_counter() - start
+    per_width = tuple(float(c) for c in values[: len(schedule.widths)])
+    alpha = tuple(float(a) for a in values[len(schedule.widths) :])
+    if source == "measured" and jax.process_index() == 0:
+        _write(path, key, schedule, per_width, alpha)
+    return Costs(per_width, alpha, source, path, seconds)
+
+
+def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEATS):
+    """(seconds per round of each width of the menu, acceptance per draft position),
+    with `run`'s program (see above)."""
+    budgets = run.args.budgets
+    short = _with_input(run, schedule.forcing(0), jnp.minimum(budgets, 1))
+    runs = [short] + [
+        _with_input(run, schedule.forcing(w), jnp.minimum(budgets, tokens)) for w in schedule.widths
+    ]
+    outputs = [jax.block_until_ready(r()) for r in runs]  # the first one compiles
+    seconds = [[] for _ in runs]
+    for p in range(repeats):  # interleaved, each pass starting one run later
+        for i in range(len(runs)):
+            j = (i + p) % len(runs)
+            start = time.perf_counter()
+            jax.block_until_ready(runs[j]())
+            seconds[j].append(time.perf_counter() - start)
+    prefill = float(np.median(seconds[0]))
+    calls = [_count(o.stats.target_calls) for o in outputs]
+    per_width = [
+        max(float(np.median(s)) - prefill, 1e-9) / max(n - calls[0], 1)
+        for s, n in zip(seconds[1:], calls[1:], strict=True)
+    ]
+    return per_width, _acceptance(outputs[1:], schedule)
+
+
+def _acceptance(outputs, schedule: Auto) -> list[float]:
+    """Acceptance of each draft position (given the drafts before it were accepted),
+    pooled over the runs and rows and drawn toward the overall rate by `SMOOTHING`
+    tries of it (the later positions are tried in few rounds: a few misses must not
+    rule them out); `prior_alpha` where nothing was tried; within [0.01, 0.99]."""
+    accepted = np.zeros(schedule.max_gamma)
+    rejected = np.zeros(schedule.max_gamma)
+    for o in outputs:
+        accepted += np.asarray(_local(o.stats.accepted_at)).sum(0)
+        rejected += np.asarray(_local(o.stats.rejected_at)).sum(0)
+    tried = accepted + rejected
+    overall = accepted.sum() / tried.sum() if tried.sum() else schedule.prior_alpha
+    alpha = (accepted + SMOOTHING * overall) / (tried + SMOOTHING)
+    return [float(a) for a in np.clip(alpha, 0.01, 0.99)]
+
+
+def _local(x):
+    """The rows of `x` this process holds (all of them on one process)."""
+    if jax.process_count() == 1 or not hasattr(x, "addressable_shards"):
+        return np.asarray(x)
+    return np.concatenate([np.asarray(s.data) for s in x.addressable_shards])
+
+
+def _count(x) -> int:
+    """A replicated scalar's value (also when it spans processes)."""
+    return int(np.asarray(x.addressable_data(0) if hasattr(x, "addressable_data") else x))
+
+
+def cache_key(run: Run, schedule: Auto, models) -> dict:
+    """What the costs depend on, as JSON-able values: the machine and the program."""
+    c = run.config
+    args = run.args
+    states = [args.target_state] + ([] if args.draft_state is None else [args.draft_state])
+    devices = jax.devices()
+    return {
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "devices": len(devices),
+        "processes": jax.process_count(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "small_matmul": os.environ.get("JAX_SPECDEC_SMALL_MATMUL", ""),
+        "models": [_model_key(m, s) for m, s in zip(models, states, strict=True)],
+        "drafter": repr(c.drafter),
+        "acceptance": getattr(c.acceptance, "__qualname__", repr(c.acceptance)),
+        "plan": repr(args.sampling.plan),
+        "logprobs": repr(c.logprobs),
+        "rows": int(args.prompts.shape[0]),
+        "prompt_width": int(args.prompts.shape[1]),
+        "cache_len": c.cache_len,
+        "max_new_tokens": c.max_new_tokens,
+        "slots": c.num_slots,
+        "mesh": None if c.mesh is None else dict(c.mesh.shape),
+        "widths": list(schedule.widths),
+        "tokens": TOKENS,
+    }
+
+
+def _model_key(model, state) -> str:
+    """A model's configuration and its parameters' shapes and dtypes (not their values)."""
+    leaves = jax.tree.leaves(state)
+    shapes = hashlib.sha256(repr([(a.shape, str(a.dtype)) for a in leaves]).encode())
+    return f"{getattr(model, 'config', type(model).__name__)!r}:{shapes.hexdigest()[:16]}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _folder() -> pathlib.Path:
+    from jax_specdec.io.zoo import cache_dir
+
+    if os.environ.get(FOLDER_ENV):
+        return pathlib.Path(os.environ[FOLDER_ENV]).expanduser()
+    return cache_dir() / "round_costs"
+
+
+def _read(path: pathlib.Path, schedule: Auto) -> list[float] | None:
+    """A record's costs then acceptance per position, or None (absent, unreadable, or
+    for another menu)."""
+    try:
+        record = json.loads(path.read_text())
+        costs = [float(c) for c in record["seconds_per_round"]]
+        alpha = [float(a) for a in record["acceptance_per_position"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = record.get("widths") == list(schedule.widths) and len(alpha) == schedule.max_gamma
+    ok = ok and all(0 < c < 1e9 for c in costs) and all(0 < a < 1 for a in alpha)
+    return costs + alpha if ok else None
+
+
+def _write(path: pathlib.Path, key: dict, schedule: Auto, per_width, alpha) -> None:
+    record = {
+        "widths": list(schedule.widths),
+        "seconds_per_round": list(per_width),
+        "acceptance_per_position": list(alpha),
+        "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "key": key,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measured again next time
+        pass
+
+
+def _agree(value: np.ndarray) -> np.ndarray:
+    """Process 0's `value` on every process (itself on one)."""
+    if jax.process_count() == 1:
+        return np.asarray(value)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.broadcast_one_to_all(value))
+
+
+def _with_input(run: Run, inputs: AutoInputs, budgets=None) -> Run:
+    """A copy of `run` with other `auto` inputs (and budgets)."""
+    mesh = run.config.mesh
+    if mesh is None:
+        placed = AutoInputs(*(jnp.asarray(a) for a in inputs))
+    else:  # replicated over the mesh, on every process
+        sharding = NamedSharding(mesh, P())
+        place = lambda a: jax.make_array_from_callback(a.shape, sharding, lambda i: a[i])  # noqa: E731
+        placed = AutoInputs(*(place(a) for a in inputs))
+    out = copy.copy(run)
+    args = run.args._replace(auto=placed)
+    out.args = args if budgets is None else args._replace(budgets=budgets)
+    return out

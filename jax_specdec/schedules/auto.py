@@ -1,0 +1,156 @@
+"""`Auto`: the draft width chosen every round from this machine's measured round costs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_specdec.schedules.base import ScheduleStats
+from jax_specdec.schedules.cost_model import CostModel
+
+__all__ = ["UNLISTED", "Auto", "AutoInputs"]
+
+# The cost given to widths off the menu: never chosen, finite (0 rounds × it stays 0).
+UNLISTED = 1e30
+
+
+class AutoInputs(NamedTuple):
+    """What `Auto` reads from the program's inputs (not compiled into it).
+
+    Attributes:
+      costs: [max_gamma + 1] float32 seconds per round of each width (`UNLISTED` off the
+        menu).
+      alpha: [max_gamma] float32 the prior's mean acceptance of each draft position
+        (given the drafts before it were accepted).
+      ramp: [] bool, widen at most one width of the menu past the deepest draft
+        position tried so far (False: any width, as the measuring runs need).
+    """
+
+    costs: jax.Array
+    alpha: jax.Array
+    ramp: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """`schedule="auto"`: every round, the width among `widths` (0: no drafting, a plain
+    target step) that minimises the expected time until the batch is done, by
+    `CostModel`'s rule, from
+
+    - **round costs measured here**: the seconds of a whole round of each width (draft,
+      verify, acceptance, bookkeeping) on this device, for this model, drafter, batch
+      and cache length. `Generator` measures them with the call's own compiled program
+      (each width forced in turn, a few short runs; `decode.auto_costs`) and keeps them
+      on disk, so the next call of that shape measures nothing. They are an input of
+      the program, not part of it: measuring adds no compile, and new costs do not
+      recompile.
+    - **acceptance observed online**: each row's acceptance per draft position, from a
+      Beta prior of `prior_weight` rounds at the acceptance per position the measuring
+      runs saw (kept with the costs; `prior_alpha` where none was measured), as
+      `CostModel`. A prior from measurement matters: positions a narrow round never
+      drafts are never observed, so a low guess for them would keep rounds narrow.
+
+    - **widened step by step**: a round takes at most the first width of the menu past
+      the deepest draft position some row has tried, and `explore` (`CostModel`'s upper
+      confidence bound) applies to the tried positions and the next one only: an
+      optimistic guess for every unobserved position at once would jump to the widest.
+
+    Where drafting does not pay (a slow verify, a drafter that misses) the rounds become
+    plain steps, so speculation switches itself off. The output is exact whatever is
+    chosen; at temperature > 0 which tokens a seed gives depends on the widths chosen,
+    hence on the costs: pass `round_costs` (seconds per round of each of `widths`) to fix
+    them, e.g. to reproduce a run on another machine.
+
+    Each width on the menu is a branch of the round's switch, compiled with the program.
+    """
+
+    widths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    round_costs: tuple[float, ...] | None = None
+    prior_alpha: float = 0.6
+    prior_weight: float = 4.0
+    explore: float = 1.0
+
+    min_gamma = 0
+
+    def __post_init__(self):
+        widths = tuple(self.widths)
+        ok = all(isinstance(w, int) and not isinstance(w, bool) for w in widths)
+        if not ok or widths != tuple(sorted(set(widths))) or widths[:1] != (0,) or len(widths) < 2:
+            raise ValueError(
+                "Auto.widths must be increasing ints starting at 0 (no drafting) with at "
+                f"least one width >= 1, got {self.widths!r}"
+            )
+        object.__setattr__(self, "widths", widths)
+        if self.round_costs is not None:
+            costs = tuple(float(c) for c in self.round_costs)
+            if len(costs) != len(widths) or not all(0 < c < math.inf for c in costs):
+                raise ValueError(
+                    f"Auto.round_costs must hold one finite cost > 0 per width {widths}, "
+                    f"got {self.round_costs!r}"
+                )
+            object.__setattr__(self, "round_costs", costs)
+        self.model()  # checks the prior and explore
+
+    @property
+    def max_gamma(self) -> int:
+        return self.widths[-1]
+
+    def model(self) -> CostModel:
+        """The `CostModel` whose rule this follows (its own costs unused)."""
+        return CostModel(
+            draft_cost=0.0,
+            verify_costs=(1.0,) * (self.max_gamma + 1),
+            prior_alpha=self.prior_alpha,
+            prior_weight=self.prior_weight,
+            explore=self.explore,
+        )
+
+    def inputs(self, per_width, alpha=None) -> AutoInputs:
+        """The program's input: `per_width` (seconds per round of each width of the menu)
+        at its widths, `UNLISTED` elsewhere; `alpha` the prior acceptance per draft
+        position (None: `prior_alpha`)."""
+        costs = np.full(self.max_gamma + 1, UNLISTED, np.float32)
+        costs[list(self.widths)] = np.asarray(per_width, np.float32)
+        alpha = np.broadcast_to(
+            np.float32(self.prior_alpha if alpha is None else alpha), (self.max_gamma,)
+        )
+        return AutoInputs(costs, alpha.copy(), np.bool_(True))
+
+    def forcing(self, width: int) -> AutoInputs:
+        """Inputs under which every round runs at `width` (the measuring runs)."""
+        costs = np.full(self.max_gamma + 1, UNLISTED, np.float32)
+        costs[width] = 1.0
+        return AutoInputs(costs, np.full(self.max_gamma, 0.5, np.float32), np.bool_(False))
+
+    def __call__(self, stats: ScheduleStats) -> jax.Array:
+        if stats.auto is None:
+            raise ValueError(
+                "Auto needs its costs as the program's input: run it through Generator, "
+                "which measures them (or pass Auto(round_costs=...))"
+            )
+        depth = _depth(stats)
+        costs = jnp.where(self._reachable(stats), stats.auto.costs, UNLISTED)
+        optimism = jnp.arange(self.max_gamma) <= depth  # the tried positions and the next
+        return self.model().choose(stats, costs, prior=stats.auto.alpha, optimism=optimism)
+
+    def _reachable(self, stats: ScheduleStats) -> jax.Array:
+        """[max_gamma + 1] the widths this round may take: up to the first width of the
+        menu past the deepest draft position any row has tried (from the first on), so
+        that a width is widened step by step as the positions before it are observed
+        (an optimistic guess for unobserved positions would jump to the widest)."""
+        depth = _depth(stats)
+        widths = jnp.asarray(self.widths, jnp.int32)
+        step = jnp.minimum(jnp.searchsorted(widths, depth, side="right"), len(self.widths) - 1)
+        gammas = jnp.arange(self.max_gamma + 1, dtype=jnp.int32)
+        return (gammas <= widths[step]) | ~stats.auto.ramp
+
+
+def _depth(stats: ScheduleStats) -> jax.Array:
+    """[] how many draft positions, from the first on, some row has tried."""
+    tried = jnp.sum(stats.accepted_at + stats.rejected_at, axis=0) > 0
+    return jnp.sum(jnp.cumprod(tried.astype(jnp.int32)))

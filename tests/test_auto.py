@@ -1,0 +1,170 @@
+"""`schedule="auto"` (`schedules.Auto`), the default with a drafter: round costs measured
+with the call's own program and kept on disk, the width chosen every round from them,
+drafting switched off where it does not pay, one compiled program. Exactness with shapes
+switching between rounds is in tests/test_schedules.py (greedy = autoregressive, the
+chi-square test) and here (a wrong rule fails it)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from helpers import (
+    NUM_SAMPLES,
+    PROMPTS,
+    VOCAB,
+    chi_square_pvalue,
+    count_compiles,
+    exact_sequence_probs,
+    make_head,
+    ragged_prompts,
+    sample_sequences,
+)
+from test_drafter_contract import resample_from_p
+
+from jax_specdec import Generator, SamplingConfig, autoregressive_generate
+from jax_specdec.decode import auto_costs, program
+from jax_specdec.schedules import Auto, Constant
+
+T1 = SamplingConfig(1.0)
+
+
+@pytest.fixture
+def costs_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "round_costs"
+    monkeypatch.setenv(auto_costs.FOLDER_ENV, str(folder))
+    return folder
+
+
+def test_auto_is_the_default_with_a_drafter(target, draft):
+    assert Generator(target, draft).schedule == Auto()
+    assert Generator(target, draft, schedule="auto").schedule == Auto()
+    assert Generator(target, draft, num_draft_tokens=3).schedule == Constant(3)
+    assert Generator(target, draft, schedule=2).schedule == Constant(2)
+    assert Generator(target).schedule is None
+    with pytest.raises(TypeError, match="schedule must be an int γ >= 1, 'auto'"):
+        Generator(target, draft, schedule="fast")
+    with pytest.raises(ValueError, match="Auto.widths"):
+        Auto(widths=(1, 2))
+    with pytest.raises(ValueError, match="Auto.widths"):
+        Auto(widths=(0, 4, 2))
+    with pytest.raises(ValueError, match="Auto.round_costs"):
+        Auto(widths=(0, 2), round_costs=(1.0,))
+    with pytest.raises(ValueError, match="Auto.round_costs"):
+        Auto(widths=(0, 2), round_costs=(1.0, float("nan")))
+
+
+def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_folder):
+    generator = Generator(target, draft, schedule=Auto(widths=(0, 1, 3)))
+    prompts = ragged_prompts(3, VOCAB, seed=1)
+    before = program.generate._cache_size()
+    run = generator.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
+    out = run()
+    assert program.generate._cache_size() - before == 1  # measured with its own program
+    costs = run.round_costs
+    assert costs.source == "measured" and len(costs.per_width) == 3
+    assert all(c > 0 for c in costs.per_width)
+    assert len(costs.alpha) == 3 and all(0 < a < 1 for a in costs.alpha)
+    record = json.loads(costs.path.read_text())
+    assert record["widths"] == [0, 1, 3] and record["key"]["rows"] == 3
+    np.testing.assert_allclose(record["seconds_per_round"], costs.per_width)
+    np.testing.assert_allclose(record["acceptance_per_position"], costs.alpha)
+    # The same shape again: read from the file, nothing measured, nothing compiled.
+    again = Generator(target, draft, schedule=Auto(widths=(0, 1, 3)))
+    with count_compiles() as compiled:
+        run2 = again.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
+        out2 = run2()
+    assert compiled[0] == 0 and run2.round_costs.source == "cache"
+    assert run2.round_costs.per_width == costs.per_width
+    assert run2.round_costs.alpha == costs.alpha
+    np.testing.assert_array_equal(np.asarray(out2.tokens), np.asarray(out.tokens))
+    # Another batch size is another program and another measurement.
+    run3 = again.bind(prompts[:2], key=jax.random.key(0), max_new_tokens=12)
+    assert run3.round_costs.source == "measured" and run3.round_costs.path != costs.path
+    # Given costs are used as they are.
+    given = Generator(target, draft, schedule=Auto(widths=(0, 1, 3), round_costs=(1, 2, 3)))
+    run4 = given.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
+    assert run4.round_costs.source == "given" and run4.round_costs.per_width == (1.0, 2.0, 3.0)
+
+
+def test_a_measuring_run_holds_its_width(target, draft, costs_folder):
+    schedule = Auto(widths=(0, 2, 4))
+    run = Generator(target, draft, schedule=schedule).bind(
+        ragged_prompts(4, VOCAB, seed=2), key=jax.random.key(1), max_new_tokens=10
+    )
+    for width in schedule.widths:
+        stats = auto_costs._with_input(run, schedule.forcing(width))().stats
+        rounds = np.asarray(stats.gamma_rounds)
+        assert rounds[width] == int(stats.target_calls) - 1 > 0, (width, rounds)
+
+
+def test_auto_switches_drafting_off_where_it_does_not_pay(target, draft):
+    prompts = ragged_prompts(4, VOCAB, seed=3)
+    common = dict(key=jax.random.key(2), max_new_tokens=16, sampling=SamplingConfig(0.0))
+    dear = Auto(widths=(0, 2, 4), round_costs=(1.0, 4.0, 6.0))  # a verify at 4-6 steps
+    out = Generator(target, draft, schedule=dear)(prompts, **common)
+    ar = autoregressive_generate(target, prompts, **common)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    assert np.asarray(out.stats.gamma_rounds).tolist() == [15, 0, 0, 0, 0]
+    cheap = Auto(widths=(0, 2, 4), round_costs=(1.0, 1.01, 1.02))  # drafting nearly free
+    out = Generator(target, draft, schedule=cheap)(prompts, **common)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    rounds = np.asarray(out.stats.gamma_rounds)
+    assert rounds[4] > 0 and rounds[1] == rounds[3] == 0  # only widths of the menu
+
+
+@pytest.mark.slow
+def test_a_wrong_rule_fails_under_auto(target, draft):
+    """The shapes switch between rounds (as in test_schedules' auto cases), and a wrong
+    acceptance rule is caught by the chi-square test."""
+    schedule = Auto(widths=(0, 1, 2, 4), round_costs=(1.0, 1.1, 1.2, 1.4), prior_alpha=0.98)
+    seqs, stats = sample_sequences(
+        target, draft, T1, None, None, seed=11, schedule=schedule, _rule=resample_from_p
+    )
+    assert np.count_nonzero(np.asarray(stats.gamma_rounds)) >= 2
+    pvalues = [
+        chi_square_pvalue(seqs[i::2], exact_sequence_probs(target, np.array(p), T1, None))
+        for i, p in enumerate(PROMPTS)
+    ]
+    assert min(pvalues) < 1e-6, pvalues
+    assert len(seqs) == NUM_SAMPLES
+
+
+def test_a_tree_takes_a_fixed_depth(target):
+    head = make_head(target)
+    with pytest.raises(ValueError, match="tree rounds have one shape"):
+        Generator(target, head, schedule="auto", tree=6)
+    assert Generator(target, head, tree=6).schedule == Constant(4)  # the depth given none
+
+
+def test_the_prior_is_the_measured_acceptance(target, costs_folder):
+    """The target as its own draft: q = p, so every draft position is accepted in the
+    measuring runs and the prior is the cap, 0.99, at every position."""
+    run = Generator(target, target, schedule=Auto(widths=(0, 2, 3))).bind(
+        ragged_prompts(2, VOCAB, seed=4),
+        key=jax.random.key(5),
+        max_new_tokens=8,
+        sampling=T1,
+    )
+    assert run.round_costs.alpha == (0.99, 0.99, 0.99)
+    np.testing.assert_allclose(np.asarray(run.args.auto.alpha), 0.99)
+
+
+def test_widths_grow_one_step_past_the_positions_tried():
+    """No position tried yet: at most the menu's first width; after positions 1 and 2
+    were tried (by any row), at most the first width past 2; the measuring runs
+    (ramp off) may take any."""
+    from test_schedules import stats_of
+
+    schedule = Auto(widths=(0, 1, 2, 4, 8))
+    inputs = schedule.inputs((1.0, 1.01, 1.02, 1.03, 1.04), alpha=0.95)  # drafting pays
+    fresh = stats_of(max_gamma=8, accepted=[0, 0])._replace(auto=inputs)
+    assert schedule._reachable(fresh).tolist() == [True, True] + [False] * 7
+    assert schedule(fresh).tolist() == [1, 1]
+    tried = np.zeros((2, 8), np.int32)
+    tried[0, :2] = 1  # row 0 tried positions 1 and 2
+    seen = fresh._replace(accepted_at=tried)
+    assert schedule._reachable(seen).tolist() == [True] * 5 + [False] * 4
+    assert schedule(seen).tolist() == [4, 4]
+    unlocked = fresh._replace(auto=inputs._replace(ramp=np.bool_(False)))
+    assert schedule(unlocked).tolist() == [8, 8]
