@@ -21,8 +21,8 @@ from jax_specdec.sampling import SamplingConfig, probs_from_logits
 from jax_specdec.schedules import Auto, Confidence, Constant, CostModel, Custom, Heuristic
 
 __all__ = [
-    "Auto",
     "AcceptResult",
+    "Auto",
     "Confidence",
     "Constant",
     "CostModel",

@@ -190,7 +190,7 @@ def check_reference(args, target, head, out, prompt, width) -> dict:
     """The first chain's output `out` on the batch's first row (`prompt`) against the
     replay; exits if they differ."""
     new = np.asarray(out.tokens)[0, : int(np.asarray(out.lengths)[0])]
-    gamma = int(next(g for g in args.chains.split(",") if not g.startswith("auto")))
+    gamma = int(next((g for g in args.chains.split(",") if not g.startswith("auto")), 4))
     width += args.max_new_tokens + gamma + 1
     expected = reference_acceptance(target, head, prompt, new, gamma, width)
     loop = np.asarray(out.stats.accepted_at)[0].tolist()

@@ -51,7 +51,8 @@ def ours(target, rows, new_tokens, draft, temperature=0.0):
     from jax_specdec import SamplingConfig
     from jax_specdec.decode import Generator
 
-    generator = Generator(target, draft, sampling=SamplingConfig(temperature=temperature))
+    sampling = SamplingConfig(temperature=temperature)
+    generator = Generator(target, draft, schedule=4, sampling=sampling)  # the γ it reports
     run = generator.bind(rows, key=jax.random.key(0), max_new_tokens=new_tokens)
     return lambda: jax.block_until_ready(run())
 

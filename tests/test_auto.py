@@ -168,3 +168,33 @@ def test_widths_grow_one_step_past_the_positions_tried():
     assert schedule(seen).tolist() == [4, 4]
     unlocked = fresh._replace(auto=inputs._replace(ramp=np.bool_(False)))
     assert schedule(unlocked).tolist() == [8, 8]
+
+
+def test_costs_solve_rounds_of_mixed_widths():
+    """A drafter that proposes fewer tokens than asked (n-gram lookup) runs some rounds
+    narrower than the forced width: the costs solve rounds × cost = seconds over the
+    runs; a width with no rounds of its own keeps its run's seconds per round."""
+    costs = np.array([1.0, 2.0, 3.0])
+    rounds = np.array([[10.0, 0, 0], [2, 8, 0], [1, 3, 6]])
+    np.testing.assert_allclose(auto_costs._solve(rounds, rounds @ costs), costs)
+    never = np.array([[10.0, 0, 0], [4, 6, 0], [10, 0, 0]])  # width 2 never ran
+    solved = auto_costs._solve(never, np.array([10.0, 16.0, 10.0]))
+    np.testing.assert_allclose(solved, [1.0, 2.0, 1.0])
+
+
+def test_slots_and_short_calls(target, draft, costs_folder):
+    """With slots only the first slots' prompts run in the measuring runs, and the
+    output is still the greedy tokens; a call too short for every width to run 4
+    rounds measures for itself and caches nothing."""
+    prompts = ragged_prompts(5, VOCAB, seed=6)
+    common = dict(key=jax.random.key(3), max_new_tokens=12)
+    run = Generator(target, draft, schedule=Auto(widths=(0, 2))).bind(
+        prompts, num_slots=2, **common
+    )
+    assert run.round_costs.source == "measured" and run.round_costs.path.is_file()
+    ar = autoregressive_generate(target, prompts, **common)
+    np.testing.assert_array_equal(np.asarray(run().tokens), np.asarray(ar.tokens))
+    short = Generator(target, draft, schedule=Auto(widths=(0, 2))).bind(
+        prompts[:1], key=jax.random.key(3), max_new_tokens=3
+    )
+    assert short.round_costs.source == "measured" and not short.round_costs.path.exists()

@@ -6,15 +6,17 @@ length, so it is measured where it runs: the bound program is run with each widt
 the menu forced in turn (inputs that make only that width affordable: the same compiled
 program, nothing else to compile), on the call's own prompts for `TOKENS` tokens per
 row, and once for 1 token (the prefill alone); `REPEATS` interleaved passes, medians.
-A width's cost is (its run − the prefill run) / its rounds. The acceptance of each draft
-position in those runs becomes the prior `Auto` starts each row from.
+The costs solve: each run − the prefill run = its rounds of each width × that width's
+cost (for a drafter that drafts what it is asked: the run's time over its rounds). The
+acceptance of each draft position in those runs becomes the prior `Auto` starts each
+row from.
 
 Both are kept as JSON under `$JAX_SPECDEC_ROUND_COSTS`, else `<cache>/round_costs/`
 (`io.zoo.cache_dir`), keyed by the machine (device kind and count, the CPU's model and
 cores, jax's version, the CPU kernel setting) and the program's shapes and settings; a
 later call with the same key measures nothing (its rows start from the stored prior).
-Delete the folder to measure again. On several processes, process 0's file and
-measurement decide for all (every process runs the same programs).
+Delete the folder to measure again. When the program's mesh spans processes, process 0's
+file and measurement decide for all (every process runs the same programs).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +47,9 @@ FOLDER_ENV = "JAX_SPECDEC_ROUND_COSTS"
 TOKENS = 24  # tokens per row of a measuring run
 REPEATS = 2  # interleaved passes over the runs
 SMOOTHING = 4.0  # tries of the overall rate added to each position's acceptance
+MIN_ROUNDS = 4  # rounds each forced width must run for its cost to be cached
+# Settings read where the program is built that change what it costs.
+ENV_KEYS = ("JAX_SPECDEC_SMALL_MATMUL", "JAX_SPECDEC_ATTENTION", "XLA_FLAGS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,43 +82,66 @@ def _cached_or_measured(run: Run, schedule: Auto, models) -> Costs:
     path = _folder() / f"{digest}.json"
     found = _read(path, schedule)
     size = len(schedule.widths) + schedule.max_gamma
-    if _agree(np.float32(found is not None)) > 0:  # process 0's file decides
-        values = _agree(np.asarray(found if found else [0.0] * size, np.float64))
-        source, seconds = "cache", 0.0
+    agree = functools.partial(_agree, spans=_spans(run))
+    if agree(np.float32(found is not None)) > 0:  # process 0's file decides
+        values = agree(np.asarray(found if found else [0.0] * size, np.float64))
+        source, seconds, steady = "cache", 0.0, True
     else:
         start = time.perf_counter()
-        values = _agree(np.concatenate([np.asarray(v, np.float64) for v in measure(run, schedule)]))
+        per_width, alpha, steady = measure(run, schedule)
+        values = agree(np.asarray([*per_width, *alpha], np.float64))
         source, seconds = "measured", time.perf_counter() - start
     per_width = tuple(float(c) for c in values[: len(schedule.widths)])
     alpha = tuple(float(a) for a in values[len(schedule.widths) :])
-    if source == "measured" and jax.process_index() == 0:
+    if source == "measured" and steady and jax.process_index() == 0:
         _write(path, key, schedule, per_width, alpha)
     return Costs(per_width, alpha, source, path, seconds)
 
 
 def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEATS):
-    """(seconds per round of each width of the menu, acceptance per draft position),
-    with `run`'s program (see above)."""
+    """(seconds per round of each width of the menu, acceptance per draft position,
+    whether every width ran `MIN_ROUNDS` rounds: else the figures are this call's only,
+    not cached), with `run`'s program (see above). With slots, only the first slots'
+    prompts run. A drafter that proposes fewer tokens than asked (n-gram lookup) runs
+    some rounds narrower than the width forced, so the costs solve
+    seconds = rounds per width × cost over all the runs (least squares)."""
     budgets = run.args.budgets
+    if run.config.num_slots is not None:  # the queue's other prompts wait (budget 0)
+        budgets = jnp.where(jnp.arange(budgets.shape[0]) < run.config.num_slots, budgets, 0)
     short = _with_input(run, schedule.forcing(0), jnp.minimum(budgets, 1))
     runs = [short] + [
         _with_input(run, schedule.forcing(w), jnp.minimum(budgets, tokens)) for w in schedule.widths
     ]
-    outputs = [jax.block_until_ready(r()) for r in runs]  # the first one compiles
+    outputs = [jax.block_until_ready(_generate(r)) for r in runs]  # the first one compiles
     seconds = [[] for _ in runs]
     for p in range(repeats):  # interleaved, each pass starting one run later
         for i in range(len(runs)):
             j = (i + p) % len(runs)
             start = time.perf_counter()
-            jax.block_until_ready(runs[j]())
+            jax.block_until_ready(_generate(runs[j]))
             seconds[j].append(time.perf_counter() - start)
     prefill = float(np.median(seconds[0]))
-    calls = [_count(o.stats.target_calls) for o in outputs]
-    per_width = [
-        max(float(np.median(s)) - prefill, 1e-9) / max(n - calls[0], 1)
-        for s, n in zip(seconds[1:], calls[1:], strict=True)
-    ]
-    return per_width, _acceptance(outputs[1:], schedule)
+    rounds = np.stack([_local(o.stats.gamma_rounds)[: schedule.max_gamma + 1] for o in outputs])
+    rounds = rounds[1:, list(schedule.widths)].astype(np.float64)  # [runs, menu widths]
+    spent = np.array([max(float(np.median(s)) - prefill, 1e-9) for s in seconds[1:]])
+    per_width = _solve(rounds, spent)
+    steady = bool(np.all(np.diag(rounds) >= MIN_ROUNDS))
+    return per_width, _acceptance(outputs[1:], schedule), steady
+
+
+def _solve(rounds: np.ndarray, spent: np.ndarray) -> list[float]:
+    """Costs c >= 0 with rounds @ c ≈ spent; each forced run alone (its seconds over its
+    rounds) where the system gives a cost that is not positive."""
+    alone = spent / np.maximum(rounds.sum(axis=1), 1.0)
+    solved, *_ = np.linalg.lstsq(rounds, spent, rcond=None)
+    return [float(c) if c > 0 else float(a) for c, a in zip(solved, alone, strict=True)]
+
+
+def _generate(run: Run):
+    """The bound program's output, rows in program order (no reordering of slots)."""
+    from jax_specdec.decode import program
+
+    return program.generate(*run.args, config=run.config)
 
 
 def _acceptance(outputs, schedule: Auto) -> list[float]:
@@ -132,15 +161,14 @@ def _acceptance(outputs, schedule: Auto) -> list[float]:
 
 
 def _local(x):
-    """The rows of `x` this process holds (all of them on one process)."""
+    """The rows of `x` this process holds, each once (all of them on one process); a
+    replicated array's one copy."""
     if jax.process_count() == 1 or not hasattr(x, "addressable_shards"):
         return np.asarray(x)
-    return np.concatenate([np.asarray(s.data) for s in x.addressable_shards])
-
-
-def _count(x) -> int:
-    """A replicated scalar's value (also when it spans processes)."""
-    return int(np.asarray(x.addressable_data(0) if hasattr(x, "addressable_data") else x))
+    shards = [s for s in x.addressable_shards if s.replica_id == 0] or x.addressable_shards[:1]
+    if x.ndim == 0 or len(shards) == 1:
+        return np.asarray(shards[0].data)
+    return np.concatenate([np.asarray(s.data) for s in shards])
 
 
 def cache_key(run: Run, schedule: Auto, models) -> dict:
@@ -157,11 +185,14 @@ def cache_key(run: Run, schedule: Auto, models) -> dict:
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
         "jax": jax.__version__,
-        "small_matmul": os.environ.get("JAX_SPECDEC_SMALL_MATMUL", ""),
+        "jaxlib": _version("jaxlib"),
+        "source": _source_digest(),
+        "env": {k: os.environ.get(k, "") for k in ENV_KEYS},
         "models": [_model_key(m, s) for m, s in zip(models, states, strict=True)],
         "drafter": repr(c.drafter),
         "acceptance": getattr(c.acceptance, "__qualname__", repr(c.acceptance)),
         "plan": repr(args.sampling.plan),
+        "sampling": _digest(args.sampling),  # the rows' settings: the prior's acceptance
         "logprobs": repr(c.logprobs),
         "rows": int(args.prompts.shape[0]),
         "prompt_width": int(args.prompts.shape[1]),
@@ -172,6 +203,32 @@ def cache_key(run: Run, schedule: Auto, models) -> dict:
         "widths": list(schedule.widths),
         "tokens": TOKENS,
     }
+
+
+def _digest(tree) -> str:
+    """A short hash of a pytree's leaves' values (this process's part of each)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        h.update(np.ascontiguousarray(_local(leaf)).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A hash of this package's Python sources: costs measured by other code are stale."""
+    h = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parents[1].rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _model_key(model, state) -> str:
@@ -230,9 +287,18 @@ def _write(path: pathlib.Path, key: dict, schedule: Auto, per_width, alpha) -> N
         pass
 
 
-def _agree(value: np.ndarray) -> np.ndarray:
-    """Process 0's `value` on every process (itself on one)."""
-    if jax.process_count() == 1:
+def _spans(run: Run) -> bool:
+    """Whether the program's mesh spans other processes (which then run it together)."""
+    mesh = run.config.mesh
+    return mesh is not None and {d.process_index for d in mesh.devices.flat} != {
+        jax.process_index()
+    }
+
+
+def _agree(value: np.ndarray, spans: bool) -> np.ndarray:
+    """Process 0's `value` on every process of a program that spans processes (else
+    this process's own)."""
+    if not spans:
         return np.asarray(value)
     from jax.experimental import multihost_utils
 

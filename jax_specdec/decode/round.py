@@ -51,8 +51,10 @@ def _round_widths(config: LoopConfig, fixed: bool) -> tuple[int, ...]:
     output does not depend on the widths compiled."""
     if fixed and config.draft_def is None:
         return (0, config.gamma_max)
-    menu = getattr(config.schedule, "widths", None)  # a schedule that picks from a menu
-    return tuple(range(config.gamma_max + 1)) if menu is None else tuple(menu)
+    menu = tuple(getattr(config.schedule, "widths", ()))  # a schedule with a menu (Auto)
+    if menu[:1] == (0,) and menu[-1:] == (config.gamma_max,):
+        return menu
+    return tuple(range(config.gamma_max + 1))
 
 
 def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:

@@ -6,7 +6,7 @@ from jax_specdec.bench import measure
 from jax_specdec.decode import auto_costs
 from jax_specdec.io.chat import encode_chat, load_chat_template
 from jax_specdec.io.draft import load_pair
-from jax_specdec.schedules import Auto, Custom, Heuristic
+from jax_specdec.schedules import Auto, Custom
 
 loaded = load_pair("smollm2-135m", "models/smollm2-135m-eagle")
 tpl = load_chat_template(loaded.target_dir)
@@ -29,13 +29,6 @@ runs["c4"] = Generator(loaded.target, loaded.draft, schedule=4).bind(
 runs["custom4"] = Generator(loaded.target, loaded.draft, schedule=Custom(four, max_gamma=4)).bind(
     ids, key=jax.random.key(0), max_new_tokens=96
 )
-runs["heur4"] = (
-    Generator(
-        loaded.target, loaded.draft, schedule=Heuristic(initial=4, min_gamma=4, max_gamma=4)
-    ).bind(ids, key=jax.random.key(0), max_new_tokens=96)
-    if False
-    else None
-)
 a = Auto(widths=(0, 4), round_costs=(1.0, 1.0))
 runs["auto04@4"] = auto_costs._with_input(
     Generator(loaded.target, loaded.draft, schedule=a).bind(
@@ -43,7 +36,6 @@ runs["auto04@4"] = auto_costs._with_input(
     ),
     a.forcing(4),
 )
-runs = {k: v for k, v in runs.items() if v is not None}
 names = list(runs)
 ms = measure([runs[n] for n in names], repeats=5)
 for n, m in zip(names, ms, strict=True):
