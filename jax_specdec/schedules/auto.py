@@ -54,7 +54,6 @@ class Auto:
       runs saw (kept with the costs; `prior_alpha` where none was measured), as
       `CostModel`. A prior from measurement matters: positions a narrow round never
       drafts are never observed, so a low guess for them would keep rounds narrow.
-
     - **widened step by step**: a round takes at most the first width of the menu past
       the deepest draft position some row has tried, and `explore` (`CostModel`'s upper
       confidence bound) applies to the tried positions and the next one only: an
@@ -134,16 +133,16 @@ class Auto:
                 "which measures them (or pass Auto(round_costs=...))"
             )
         depth = _depth(stats)
-        costs = jnp.where(self._reachable(stats), stats.auto.costs, UNLISTED)
+        costs = jnp.where(self._reachable(stats, depth), stats.auto.costs, UNLISTED)
         optimism = jnp.arange(self.max_gamma) <= depth  # the tried positions and the next
         return self.model().choose(stats, costs, prior=stats.auto.alpha, optimism=optimism)
 
-    def _reachable(self, stats: ScheduleStats) -> jax.Array:
+    def _reachable(self, stats: ScheduleStats, depth=None) -> jax.Array:
         """[max_gamma + 1] the widths this round may take: up to the first width of the
         menu past the deepest draft position any row has tried (from the first on), so
         that a width is widened step by step as the positions before it are observed
         (an optimistic guess for unobserved positions would jump to the widest)."""
-        depth = _depth(stats)
+        depth = _depth(stats) if depth is None else depth
         widths = jnp.asarray(self.widths, jnp.int32)
         step = jnp.minimum(jnp.searchsorted(widths, depth, side="right"), len(self.widths) - 1)
         gammas = jnp.arange(self.max_gamma + 1, dtype=jnp.int32)
