@@ -112,18 +112,15 @@ def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEA
     runs = [short] + [
         _with_input(run, schedule.forcing(w), jnp.minimum(budgets, tokens)) for w in schedule.widths
     ]
-    outputs = [jax.block_until_ready(_generate(r)) for r in runs]  # the first one compiles
-    seconds = [[] for _ in runs]
-    for p in range(repeats):  # interleaved, each pass starting one run later
-        for i in range(len(runs)):
-            j = (i + p) % len(runs)
-            start = time.perf_counter()
-            jax.block_until_ready(_generate(runs[j]))
-            seconds[j].append(time.perf_counter() - start)
-    prefill = float(np.median(seconds[0]))
+    from jax_specdec.bench.timing import measure as interleaved
+
+    # Each run once (the first compiles), then `repeats` interleaved passes.
+    timed = interleaved([functools.partial(_generate, r) for r in runs], repeats)
+    outputs = [m.output for m in timed]
+    prefill = timed[0].seconds
     rounds = np.stack([_local(o.stats.gamma_rounds)[: schedule.max_gamma + 1] for o in outputs])
     rounds = rounds[1:, list(schedule.widths)].astype(np.float64)  # [runs, menu widths]
-    spent = np.array([max(float(np.median(s)) - prefill, 1e-9) for s in seconds[1:]])
+    spent = np.array([max(m.seconds - prefill, 1e-9) for m in timed[1:]])
     per_width = _solve(rounds, spent)
     steady = bool(np.all(np.diag(rounds) >= MIN_ROUNDS))
     return per_width, _acceptance(outputs[1:], schedule), steady
