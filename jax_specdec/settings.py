@@ -87,7 +87,7 @@ class DecodeSettings:
         gamma = check_gamma_flag(args.num_draft_tokens)
         if gamma == "auto" and args.tree is not None:
             gamma = TREE_DEPTH  # a tree round has one shape
-        tree = _tree(args.tree, args.branch, gamma)
+        tree = _tree(args.tree, args.branch, gamma, args.lookup)
         if args.acceptance == "block" and tree is not None:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
         ids = args.eos.replace(" ", "").split(",")
@@ -205,9 +205,11 @@ def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(pairs)
 
 
-def _tree(nodes: int | None, branch: int, depth: int) -> Tree | None:
-    """--tree and --branch as a `Tree` of `depth` (None without --tree)."""
+def _tree(nodes: int | None, branch: int, depth: int, lookup: int) -> Tree | None:
+    """--tree, --branch and --lookup as a `Tree` of `depth` (None without --tree)."""
     if nodes is None:
+        if lookup:
+            raise ValueError("--lookup grafts prompt lookup onto a --tree: give --tree too")
         return None
     if nodes < 1 or branch < 1:
         bad, value = ("--tree", nodes) if nodes < 1 else ("--branch", branch)
@@ -219,7 +221,12 @@ def _tree(nodes: int | None, branch: int, depth: int) -> Tree | None:
             f"--tree ({nodes} nodes) cannot reach the depth of the draft tokens ({depth}): "
             "give at least that many nodes or fewer draft tokens"
         )
-    return Tree(nodes, depth, branch)
+    if lookup < 0 or nodes - lookup < depth:
+        raise ValueError(
+            f"--lookup must be >= 0 and leave the head at least the draft depth ({depth}) of "
+            f"the --tree's {nodes} nodes, got {lookup}"
+        )
+    return Tree(nodes, depth, branch, lookup=lookup)
 
 
 def parse_mesh(text: str | None):

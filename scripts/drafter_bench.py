@@ -12,7 +12,7 @@ medians, compilation apart), for chains of γ drafts and token trees.
 --draft and each --versus (timed in the same runs): a feature head's or an EAGLE-3
 head's directory, a draft model's directory (the target's tokenizer) or ngram. Each
 drafts every chain of --chains (also with block verification under --block) and every
-tree of --trees (NODES:DEPTH:BRANCH). Prompts (--prompt-kind): files, the first
+tree of --trees (NODES:DEPTH:BRANCH[:LOOKUP]). Prompts (--prompt-kind): files, the first
 --prompt-len tokens of standard-library files held out of training; functions, the
 openings of their functions; code, eight openings written for this benchmark (in no
 training corpus); or one prompt a line of --prompt-file. Prints a JSON line per batch of
@@ -104,7 +104,7 @@ def settings(args, target, drafters: dict) -> list[tuple[str, str, Generator]]:
         if args.block:
             shapes.append((f"chain {gamma} block", dict(schedule=gamma, acceptance="block")))
     for t in trees(args.trees):
-        shapes.append((f"tree {t.nodes}:{t.depth}:{t.branch}", dict(schedule=t.depth, tree=t)))
+        shapes.append((f"tree {t.label}", dict(schedule=t.depth, tree=t)))
     sampling = SamplingConfig(args.temperature)
     out = [("none", "autoregressive", Generator(target, sampling=sampling))]
     for name, draft in drafters.items():
@@ -223,7 +223,7 @@ def parse_args(argv=None):
     p.add_argument("--draft", default="models/smollm2-135m-eagle", help="a head, model or ngram")
     p.add_argument("--versus", action="append", default=[], help="another drafter (repeatable)")
     p.add_argument("--chains", "--gamma", default="4", help="γ of each chain, comma-separated")
-    p.add_argument("--trees", default="", help="NODES:DEPTH:BRANCH, comma-separated")
+    p.add_argument("--trees", default="", help="NODES:DEPTH:BRANCH[:LOOKUP], comma-separated")
     p.add_argument("--block", action="store_true", help="chains with block verification too")
     p.add_argument("--prompt-kind", choices=["files", "functions", "code"], default="files")
     p.add_argument("--prompt-file", help="one prompt per line (\\n for newlines)")

@@ -142,7 +142,7 @@ GREEDY_VARIANTS = {
     ],
     ("draft", "skip"): [dict(), dict(skip=skip_first)],
     ("feature", "chain"): [dict(gamma=g, eos=e) for g, e in ((1, None), (2, 3), (4, None), (4, 3))],
-    ("feature", "tree"): [dict(tree=Tree(8, 3, 3), eos=2)],
+    ("feature", "tree"): [dict(tree=Tree(8, 3, 3), eos=2), dict(tree=Tree(9, 3, 2, lookup=5))],
     ("ngram", "tree"): [dict(gamma=4, tree=Tree(n, 4)) for n in (4, 9)],
 }
 
@@ -151,7 +151,10 @@ def _variant_id(opts):
     parts = [f"g{opts['gamma']}" if "gamma" in opts else None]
     eos = opts.get("eos")
     parts.append(f"eos{'_'.join(map(str, np.atleast_1d(eos)))}" if eos else None)
-    parts.append(f"n{opts['tree'].nodes}" if "tree" in opts else None)
+    tree = opts.get("tree")
+    parts.append(
+        f"n{tree.nodes}" + (f"_lookup{tree.lookup}" if tree.lookup else "") if tree else None
+    )
     parts.append(opts["skip"].__name__ if "skip" in opts else None)
     return "_".join(p for p in parts if p) or None
 
@@ -301,6 +304,7 @@ CHI2 = [
     ("feature", "block", "t1_g3", dict(gamma=3)),
     ("feature", "tree", "t1", dict(gamma=3, seed=5)),
     ("feature", "tree", "t1_minp0.15", dict(sampling=SamplingConfig(1.0, min_p=0.15), gamma=3)),
+    ("feature", "tree", "t1_lookup", dict(gamma=3, tree=Tree(7, 3, 2, lookup=4), seed=7)),
     ("feature", "slots", "t1", dict(gamma=2, eos=2)),
     ("feature", "skip", "t1_skip_once_g2", dict(skip=skip_second)),
     ("eagle3", "chain", "t1_g2", dict(gamma=2)),
@@ -540,6 +544,15 @@ class TestWrongRule:
         p = pvalues(small["target"], seqs[0], T1, opts.get("eos"))
         print(f"\nWRONG RULE {drafter} {shape} {rule.__name__}: chi2_pvalues={p[0]:.3g} {p[1]:.3g}")
         assert max(p) < 1e-6, f"{rule.__name__} passed: p = {p}"
+
+    @pytest.mark.slow
+    def test_a_wrong_walk_of_a_heads_tree_with_lookup_fails(self, small):
+        """The head's tree with prompt lookup grafted on is walked at T = 1: a wrong walk
+        (every node's token drawn with the root's noise) fails its sampling test."""
+        opts = next(o for d, s, n, o in CHI2 if (d, s, n) == ("feature", "tree", "t1_lookup"))
+        seqs, _ = sample(small, "feature", "tree", opts, seed=0, _rule=wrong_tree)
+        p = pvalues(small["target"], seqs[0], T1, opts.get("eos"))
+        assert max(p) < 1e-6, f"wrong_tree passed with lookup: p = {p}"
 
 
 class TestWrongCount:

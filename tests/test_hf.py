@@ -346,7 +346,7 @@ def test_stop_token_ids_are_every_end_id_the_model_states(tmp_path):
     loaded = types.SimpleNamespace(target_dir=tmp_path, tokenizer=None)
     for eos, want in (("auto", 7), ("none", None), ("5,3", (3, 5)), ("4", 4)):
         args = argparse.Namespace(
-            target="t", tree=None, branch=None, num_draft_tokens=4, acceptance="token",
+            target="t", tree=None, branch=None, lookup=0, num_draft_tokens=4, acceptance="token",
             eos=eos, temperature=0.0, top_k=0, top_p=1.0, seed=0, mesh=None, dtype=None,
             schedule=None,
         )  # fmt: skip

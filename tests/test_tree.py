@@ -35,6 +35,7 @@ from jax_specdec.decode.tree import (
     TreeWalk,
     ancestors,
     depths,
+    graft,
     target_tokens,
     walk,
 )
@@ -197,6 +198,28 @@ def test_trie_merges_shared_prefixes_and_cuts_at_its_size():
     assert valid[0].tolist() == [True] * 6 + [False] * 2
     tokens, parent, valid = map(np.asarray, _trie(seqs, lengths, 4))
     assert tokens[0].tolist() == [1, 2, 3, 4] and valid[0].all()
+
+
+def test_graft_appends_only_the_paths_the_base_lacks():
+    # Base: 1 -> 2 and 3 under the root. Grafted: 1 -> 2 -> 5 -> 8, 4 under the root, and
+    # an invalid 6 with an invalid child 7: 1 and 2 are base's, 5, 8 and 4 are appended.
+    base = TreeProposal(
+        jnp.asarray([[1, 2, 3]], jnp.int32),
+        jnp.asarray([[0, 1, 0]], jnp.int32),
+        jnp.ones((1, 3), bool),
+        jnp.zeros((1,), bool),
+    )
+    tokens = jnp.asarray([[1, 2, 5, 8, 4, 6, 7]], jnp.int32)
+    parent = jnp.asarray([[0, 1, 2, 3, 0, 0, 6]], jnp.int32)
+    valid = jnp.asarray([[True] * 5 + [False] * 2])
+    got = jax.jit(graft)(base, tokens, parent, valid)
+    assert np.asarray(got.tokens)[0].tolist() == [1, 2, 3, 1, 2, 5, 8, 4, 6, 7]
+    assert np.asarray(got.parent)[0, 5:8].tolist() == [2, 6, 0]  # 5 under base's 2
+    assert np.asarray(got.valid)[0].tolist() == [True] * 3 + [False] * 2 + [True] * 3 + [False] * 2
+    y = jnp.asarray([[1, 2, 5, 0, 0, 0, 8, 9, 0, 0, 0]], jnp.int32)  # the target's, per node
+    found = _walk(got, y, 4)
+    assert np.asarray(found.path)[0].tolist() == [0, 1, 2, 6, 7]
+    assert np.asarray(found.emitted)[0].tolist() == [1, 2, 5, 8, 9]
 
 
 def test_ngram_matches_start_with_the_lookup_proposal():
@@ -462,6 +485,9 @@ def test_a_chain_rule_with_a_tree_is_refused(target):
         (["--tree", "2", "-k", "4"], "--tree (2 nodes) cannot reach the depth"),
         (["--tree", "8", "--acceptance", "block"], "--acceptance block is for chains"),
         (["--tree", "8"], "tree needs a drafter that builds trees"),
+        (["--lookup", "4"], "--lookup grafts prompt lookup onto a --tree: give --tree too"),
+        (["--tree", "8", "-k", "4", "--lookup", "5"], "--lookup must be >= 0 and leave"),
+        (["--tree", "8", "--draft", "ngram", "--lookup", "2"], "NGram's tree is prompt lookup"),
     ],
 )
 def test_the_cli_refuses_bad_tree_flags_naming_them(argv, words, capsys):

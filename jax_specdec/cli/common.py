@@ -174,8 +174,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_round_flags(parser: argparse.ArgumentParser, gamma="auto", why: str = "") -> None:
-    """--num-draft-tokens (default `gamma`, `why` says why), --tree, --branch and
-    --acceptance: the shape of a round and its acceptance rule."""
+    """--num-draft-tokens (default `gamma`, `why` says why), --tree, --branch, --lookup
+    and --acceptance: the shape of a round and its acceptance rule."""
     parser.add_argument(
         "--num-draft-tokens",
         "-k",
@@ -199,6 +199,15 @@ def add_round_flags(parser: argparse.ArgumentParser, gamma="auto", why: str = ""
         help="with --tree and a feature head: children expanded per node (default: %(default)s)",
     )
     parser.add_argument(
+        "--lookup",
+        type=int,
+        default=0,
+        help="with --tree and a feature head: nodes of the tree given to prompt lookup (the "
+        "continuations of the text's earlier matches of its last tokens, grafted where they "
+        "leave the head's tree; such a tree is walked at any temperature) (default: "
+        "%(default)s)",
+    )
+    parser.add_argument(
         "--acceptance",
         choices=("token", "block"),
         default="token",
@@ -208,13 +217,19 @@ def add_round_flags(parser: argparse.ArgumentParser, gamma="auto", why: str = ""
 
 
 def trees(text: str) -> list:
-    """--trees: a comma-separated list of NODES:DEPTH:BRANCH as `Tree`s."""
+    """--trees: a comma-separated list of NODES:DEPTH:BRANCH[:LOOKUP] as `Tree`s (LOOKUP:
+    the nodes of prompt lookup grafted onto a head's tree, `Tree.lookup`)."""
     from jax_specdec.decode.tree import Tree
 
     out = []
     for item in filter(None, text.split(",")):
         try:
-            out.append(Tree(*(int(v) for v in item.split(":"))))
+            values = [int(v) for v in item.split(":")]
+            if len(values) not in (3, 4):
+                raise ValueError(f"{len(values)} fields")
+            out.append(Tree(*values[:3], lookup=values[3] if len(values) == 4 else 0))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"--trees: {item!r} is not NODES:DEPTH:BRANCH ({e})") from None
+            raise ValueError(
+                f"--trees: {item!r} is not NODES:DEPTH:BRANCH[:LOOKUP] ({e})"
+            ) from None
     return out

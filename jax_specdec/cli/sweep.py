@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
     sw.add_argument(
         "--trees",
         default="",
-        help="also time token trees NODES:DEPTH:BRANCH (comma-separated; the draft a feature head)",
+        help="also time token trees NODES:DEPTH:BRANCH[:LOOKUP] (comma-separated; the draft "
+        "a feature head)",
     )
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="sweep", help="output directory (default: ./sweep)")

@@ -33,6 +33,7 @@ __all__ = [
     "ancestors",
     "depths",
     "gather_nodes",
+    "graft",
     "target_tokens",
     "tree_draws",
     "walk",
@@ -50,13 +51,27 @@ class Tree:
         drawn from its q); the n-gram proposer ignores it.
       sampled: a feature head draws the children from its q and the round accepts them
         by recursive rejection (`decode.tree_accept`); False: its best k tokens, accepted
-        by the walk; None (the default): sampled when the sampling is not greedy.
+        by the walk; None (the default): sampled when the sampling is not greedy and
+        `lookup` is 0.
+      lookup: with a feature head, nodes given to prompt lookup: the trie of the
+        continuations of the row's best earlier matches of its suffix (`NGram`), each
+        up to `depth` tokens, grafted onto the head's tree of `nodes - lookup` nodes
+        where it leaves it (`graft`). Its candidates are not drawn from the head's q, so
+        such a tree is walked at every temperature (0: the head's tree alone).
     """
 
     nodes: int
     depth: int
     branch: int = 4
     sampled: bool | None = None
+    lookup: int = 0
+
+    @property
+    def label(self) -> str:
+        """NODES:DEPTH:BRANCH[:LOOKUP], as `--trees` takes it."""
+        return f"{self.nodes}:{self.depth}:{self.branch}" + (
+            f":{self.lookup}" if self.lookup else ""
+        )
 
     def __post_init__(self):
         for name in ("nodes", "depth", "branch"):
@@ -65,6 +80,18 @@ class Tree:
                 raise ValueError(f"Tree.{name} must be an integer >= 1, got {v!r}")
         if self.sampled not in (None, True, False):
             raise ValueError(f"Tree.sampled must be True, False or None, got {self.sampled!r}")
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or self.lookup < 0:
+            raise ValueError(f"Tree.lookup must be an integer >= 0, got {self.lookup!r}")
+        if self.lookup and self.sampled:
+            raise ValueError(
+                "Tree.lookup needs a walked tree (sampled False or None): prompt lookup's "
+                "candidates are not draws from the head's q"
+            )
+        if self.lookup and self.nodes - self.lookup < self.depth:
+            raise ValueError(
+                f"Tree.lookup ({self.lookup}) leaves the head {self.nodes - self.lookup} of "
+                f"Tree.nodes ({self.nodes}): fewer than Tree.depth ({self.depth})"
+            )
         if self.depth > self.nodes:
             raise ValueError(
                 f"Tree.depth ({self.depth}) exceeds Tree.nodes ({self.nodes}): a path of "
@@ -177,6 +204,34 @@ def walk(proposal: TreeProposal, y, depth: int) -> TreeWalk:
     path = jnp.stack(path, axis=1)
     accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
     return TreeWalk(path, accepted, jnp.stack(emitted, axis=1).astype(jnp.int32))
+
+
+def graft(base: TreeProposal, tokens, parent, valid) -> TreeProposal:
+    """`base` with the tree (tokens, parent, valid) [B, M] (nodes numbered as in a
+    `TreeProposal`, 0 the same root) merged in: a node whose path is already in `base`
+    is dropped (left invalid), the others are appended as nodes N + 1 … N + M under
+    their path's last node, in `base` or appended. Returns a `TreeProposal` of N + M
+    nodes with `base`'s `bad` (and no q: its candidates are walked)."""
+    rows = jnp.arange(base.tokens.shape[0])
+    n, m = base.tokens.shape[1], tokens.shape[1]
+    # image[:, v]: node v's node in the merged tree (an appended parent, past N, has no
+    # child in base); shared[:, v - 1]: whether node v is one of base's.
+    image = jnp.zeros((rows.shape[0], m + 1), jnp.int32)
+    shared = jnp.zeros((rows.shape[0], m), bool)
+    for v in range(1, m + 1):
+        at = image[rows, parent[:, v - 1]]
+        match = (base.parent == at[:, None]) & base.valid & (base.tokens == tokens[:, v - 1, None])
+        found = valid[:, v - 1] & jnp.any(match, axis=1)
+        here = jnp.where(found, jnp.argmax(match, axis=1).astype(jnp.int32) + 1, n + v)
+        image = image.at[:, v].set(here)
+        shared = shared.at[:, v - 1].set(found)
+    up = jnp.take_along_axis(image, parent.astype(jnp.int32), axis=1)
+    return TreeProposal(
+        jnp.concatenate([base.tokens, tokens.astype(jnp.int32)], axis=1),
+        jnp.concatenate([base.parent.astype(jnp.int32), up], axis=1),
+        jnp.concatenate([base.valid, valid & ~shared], axis=1),
+        base.bad,
+    )
 
 
 def gather_nodes(x: Any, path: jax.Array) -> Any:

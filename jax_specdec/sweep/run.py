@@ -183,7 +183,7 @@ def _temperature(target, draft, groups, temperature, parts, sweep: dict) -> tupl
         sweep["gammas"], sweep["max_gamma"], sweep["threshold"], cost, draft, sweep["explore"]
     )
     trees = [Tree(**t) for t in sweep["trees"]]
-    settings += [(f"tree {t.nodes}:{t.depth}:{t.branch}", None, False, t) for t in trees]
+    settings += [(f"tree {t.label}", None, False, t) for t in trees]
     generators = [Generator(target, sampling=sampling)]
     generators += [_generator(target, draft, *setting[2:], sampling) for setting in settings]
     key = jax.random.key(sweep["seed"])

@@ -29,9 +29,11 @@ from flax import nnx, struct
 
 from jax_specdec.decode.drafters import head_tree
 from jax_specdec.decode.drafters.base import DraftInputs, Proposal
+from jax_specdec.decode.drafters.ngram import NGram, trie
 from jax_specdec.decode.noise import choose
 from jax_specdec.decode.state import load_row, new_cache, written_after
 from jax_specdec.decode.stats import nonfinite
+from jax_specdec.decode.tree import graft
 from jax_specdec.io.heads import check_tokenizer, load_head
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
@@ -139,16 +141,26 @@ class HeadDrafter:
     def propose_tree(
         self, model: AttachedHead, cache: FeatureCache, inputs, prepared, tree, config
     ):
-        """The round's tree (`decode.drafters.head_tree`), on a read-only cache."""
+        """The round's tree (`decode.drafters.head_tree`), on a read-only cache; with
+        `tree.lookup`, prompt lookup's trie grafted onto it (`decode.tree.graft`)."""
         keys = None if inputs.sampling.greedy else inputs.keys[:, 0]
-        return head_tree.propose_tree(model, cache, prepared, tree, keys, config, inputs.sampling)
+        if not tree.lookup:
+            return head_tree.propose_tree(
+                model, cache, prepared, tree, keys, config, inputs.sampling
+            )
+        own = dataclasses.replace(tree, nodes=tree.nodes - tree.lookup, lookup=0, sampled=False)
+        base = head_tree.propose_tree(model, cache, prepared, own, keys, config, inputs.sampling)
+        found, count = NGram().matches(inputs.tokens, inputs.lengths, tree.lookup, tree.depth)
+        return graft(base, *trie(found, count, tree.lookup))
 
     def check_tree(self, tree):
         """Refuses a tree of more nodes than the head drafts candidates for it."""
-        if tree.nodes > head_tree.capacity(tree):
+        own = tree.nodes - tree.lookup
+        if own > head_tree.capacity(tree):
             raise ValueError(
-                f"tree ({tree.nodes} nodes) is larger than a feature head builds at depth "
-                f"{tree.depth} with branch {tree.branch} ({head_tree.capacity(tree)} candidates)"
+                f"tree ({own} nodes{' from the head' if tree.lookup else ''}) is larger than a "
+                f"feature head builds at depth {tree.depth} with branch {tree.branch} "
+                f"({head_tree.capacity(tree)} candidates)"
             )
 
     def propose(self, model: AttachedHead, cache: FeatureCache, inputs, prepared, width, config):

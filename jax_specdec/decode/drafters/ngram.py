@@ -69,6 +69,14 @@ class NGram:
         tokens, parent, valid = trie(found, count, tree.nodes)
         return TreeProposal(tokens, parent, valid, jnp.zeros(inputs.lengths.shape, bool))
 
+    def check_tree(self, tree):
+        """Refuses `Tree.lookup`: this drafter's tree is all prompt lookup."""
+        if tree.lookup:
+            raise ValueError(
+                f"Tree.lookup ({tree.lookup}) grafts prompt lookup onto a feature head's "
+                "tree; NGram's tree is prompt lookup already (give lookup=0)"
+            )
+
     def lookup(self, tokens: jax.Array, lengths: jax.Array, gamma: int):
         """Proposals for every row.
 
