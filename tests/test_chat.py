@@ -195,7 +195,7 @@ def test_generate_chat_end_to_end_and_refused_without_a_template(tmp_path, capsy
     assert "--chat: " in err and "stdlib-target has no chat template" in err
     assert err.count("\n") == 1
     model = _model_with_template(tmp_path)
-    argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json"]
+    argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json", "-k", "4"]
     assert main([*argv, "--chat", "--max-new-tokens", "4"]) == 0
     chat = json.loads(capsys.readouterr().out)["outputs"][0]
     assert main([*argv, "--max-new-tokens", "4"]) == 0
@@ -218,7 +218,7 @@ def _model_with_template(tmp_path):
 @pytest.mark.slow
 def test_batch_rows_may_carry_messages(tmp_path, capsys):
     model = _model_with_template(tmp_path)
-    argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json"]
+    argv = ["generate", "x = 1", "--target", str(model), "--draft", "ngram", "--json", "-k", "4"]
     assert main([*argv, "--chat", "--max-new-tokens", "5"]) == 0
     chat = json.loads(capsys.readouterr().out)["outputs"][0]["tokens"]
     rows = tmp_path / "in.jsonl"

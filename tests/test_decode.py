@@ -131,9 +131,8 @@ def test_vocabularies_must_match_unless_padded(target):
     padded = make_model(3, vocab=VOCAB + 2, num_layers=1)
     with pytest.raises(ValueError, match="vocabularies differ"):
         speculative_generate(target, padded, [[1]], key=jax.random.key(0), max_new_tokens=3)
-    out = speculative_generate(
-        target, padded, [[1]], key=jax.random.key(0), max_new_tokens=5, vocab_size=VOCAB
-    )
+    call = dict(key=jax.random.key(0), max_new_tokens=5, num_draft_tokens=4)  # not auto
+    out = speculative_generate(target, padded, [[1]], vocab_size=VOCAB, **call)
     assert int(np.asarray(out.tokens).max()) < VOCAB
     # A string is a draft to load (a path, zoo name or Hub id): none here, named as such.
     with pytest.raises(ValueError, match="--draft: nowhere is not a model directory"):
@@ -145,7 +144,10 @@ def test_nonfinite_logits_are_reported(target, draft):
     head = broken.lm_head if broken.lm_head is not None else broken.embed
     head.set_value(head.get_value().at[0, 0].set(jnp.nan))
     with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
-        out = speculative_generate(broken, draft, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)
+        # a fixed width (auto with NaN weights: tests/test_bad_input.py's generate run)
+        out = speculative_generate(
+            broken, draft, [[1, 2]], key=jax.random.key(0), max_new_tokens=4, num_draft_tokens=4
+        )
     assert bool(np.asarray(out.stats.nonfinite)[0])
     with pytest.warns(RuntimeWarning, match="NaN/inf logits"):
         autoregressive_generate(broken, [[1, 2]], key=jax.random.key(0), max_new_tokens=4)

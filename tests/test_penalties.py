@@ -93,7 +93,7 @@ def test_repetition_penalty_equals_transformers_generate(tmp_path):
     call = dict(key=jax.random.key(0), max_new_tokens=budget)
     for gen in (
         Generator(target, sampling=sampling),
-        Generator(target, NGram(), sampling=sampling),
+        Generator(target, NGram(), schedule=4, sampling=sampling),  # a fixed width, not auto
     ):
         assert np.asarray(gen(PROMPTS, **call).tokens).tolist() == expected
 
