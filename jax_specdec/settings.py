@@ -21,7 +21,7 @@ __all__ = [
     "round_args",
 ]
 
-TREE_DEPTH = 4  # a --tree round's depth when --num-draft-tokens is auto
+TREE_DEPTH = 4  # a --tree's depth when --num-draft-tokens is auto (on auto's menu)
 SEED_LIMIT = 2**63  # seeds are 63-bit: the key of a seed is decode.request.seed_key_data
 MAX_SAMPLES = 1 << 16  # --n and a batch row's n at most (a typo of 10**9 would hang)
 
@@ -85,9 +85,8 @@ class DecodeSettings:
         from jax_specdec.sampling import SamplingConfig
 
         gamma = check_gamma_flag(args.num_draft_tokens)
-        if gamma == "auto" and args.tree is not None:
-            gamma = TREE_DEPTH  # a tree round has one shape
-        tree = _tree(args.tree, args.branch, gamma, args.lookup)
+        # With auto, the tree (of depth TREE_DEPTH) joins auto's menu.
+        tree = _tree(args.tree, args.branch, TREE_DEPTH if gamma == "auto" else gamma, args.lookup)
         if args.acceptance == "block" and tree is not None:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
         ids = args.eos.replace(" ", "").split(",")

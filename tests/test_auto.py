@@ -16,7 +16,6 @@ from helpers import (
     chi_square_pvalue,
     count_compiles,
     exact_sequence_probs,
-    make_head,
     ragged_prompts,
     sample_sequences,
 )
@@ -128,13 +127,6 @@ def test_a_wrong_rule_fails_under_auto(target, draft):
     ]
     assert min(pvalues) < 1e-6, pvalues
     assert len(seqs) == NUM_SAMPLES
-
-
-def test_a_tree_takes_a_fixed_depth(target):
-    head = make_head(target)
-    with pytest.raises(ValueError, match="tree rounds have one shape"):
-        Generator(target, head, schedule="auto", tree=6)
-    assert Generator(target, head, tree=6).schedule == Constant(4)  # the depth given none
 
 
 def test_the_prior_is_the_measured_acceptance(target, costs_folder):

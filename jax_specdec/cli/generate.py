@@ -127,7 +127,8 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     bound = time.perf_counter() - start  # with auto: compiling and measuring the costs
     if args.verbose:
         print(run.memory_plan.describe(), file=sys.stderr)
-    extra = {"stop_ids": spec.stop_ids, "round_costs": run.round_costs}
+    menu_tree = getattr(spec.schedule, "tree", None)
+    extra = {"stop_ids": spec.stop_ids, "round_costs": run.round_costs, "menu_tree": menu_tree}
     if not args.compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
@@ -183,11 +184,15 @@ def _summary(result: dict) -> dict:
         "tokens_per_second": float(lengths.sum() / seconds),
     }
     widths = np.asarray(out.stats.gamma_rounds)
-    summary["rounds_per_width"] = {int(w): int(n) for w, n in enumerate(widths) if n}
+    tree = result.get("menu_tree")  # auto's tree: the last of the rounds per width
+    label = lambda w: f"tree {tree.label}" if tree and w == len(widths) - 1 else int(w)  # noqa: E731
+    summary["rounds_per_width"] = {label(w): int(n) for w, n in enumerate(widths) if n}
     if result["round_costs"] is not None:
         costs = result["round_costs"]
         summary["round_costs"] = {"seconds_per_round": list(costs.per_width)}
         summary["round_costs"]["acceptance_prior"] = costs.alpha
+        if tree:
+            summary["round_costs"]["tree_acceptance_prior"] = costs.tree_alpha
         summary["round_costs"] |= {"source": costs.source, "measuring_seconds": costs.seconds}
     if "ar" in result:
         ar = result["ar"]

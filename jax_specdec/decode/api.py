@@ -80,8 +80,10 @@ class Generator:
         average). A tree round walks its tree (recursive rejection for sampled trees).
       tree: draft a token tree each round and verify it in one target call
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int; 4
-        when no schedule is given), or a `Tree(nodes, depth, branch)`. An `NGram`, a
-        feature head or an EAGLE-3 head builds trees.
+        when no schedule is given), or a `Tree(nodes, depth, branch)`. With
+        schedule="auto" (or an `Auto`) the tree joins auto's menu (an int N: depth
+        min(N, 4)), chosen for a round when its expected time is the least. An `NGram`,
+        a feature head or an EAGLE-3 head builds trees.
       device_memory: bytes one device holds, for the memory plan each call is checked
         against before compiling (`decode.memory`); None: what the backend reports (GPU,
         TPU), no check where it reports nothing (CPU).
@@ -116,7 +118,10 @@ class Generator:
         self.drafter, self.schedule, self.tree = None, None, None
         if draft is not None:
             self._set_drafter(draft, _schedule(num_draft_tokens, schedule, tree), vocab_size)
-            self.tree = None if tree is None else as_tree(tree, self.schedule, self.drafter)
+            if isinstance(self.schedule, Auto):  # a tree joins the menu
+                self.schedule = _menu_tree(self.schedule, tree, self.drafter)
+            elif tree is not None:
+                self.tree = as_tree(tree, self.schedule, self.drafter)
         elif any(a is not None for a in (schedule, num_draft_tokens, vocab_size, tree)):
             raise ValueError("schedule, num_draft_tokens, vocab_size and tree need a draft")
         self._stop_ids = stop_ids(eos_token_id, self.vocab_size)
@@ -330,9 +335,25 @@ def _static(schedule):
     return schedule
 
 
+def _menu_tree(schedule: Auto, tree, drafter) -> Auto:
+    """`schedule` with `tree` (an int N: `Tree(N, min(N, 4))`; or `schedule.tree`) on its
+    menu, checked against the drafter as a tree round's (`as_tree`)."""
+    if tree is None and schedule.tree is None:
+        return schedule
+    if tree is not None and schedule.tree is not None:
+        raise ValueError("give the tree once: as tree=... or as Auto(tree=...), not both")
+    tree = schedule.tree if tree is None else tree
+    if not isinstance(tree, Tree) and isinstance(tree, int) and not isinstance(tree, bool):
+        tree = Tree(tree, min(tree, 4)) if tree >= 1 else tree
+    depth = tree.depth if isinstance(tree, Tree) else 1
+    tree = as_tree(tree, Constant(depth), drafter)
+    return dataclasses.replace(schedule, tree=tree)
+
+
 def _schedule(num_draft_tokens, schedule, tree):
     """The schedule the arguments ask for: `Auto()` by default (or "auto"); a tree round's
-    depth (4 for `tree=N`) when a tree is given alone."""
+    depth (4 for `tree=N`) when a tree is given alone (with "auto", the tree joins
+    `Auto`'s menu: `_menu_tree`)."""
     if schedule is None and num_draft_tokens is None:
         if tree is None:
             return Auto()

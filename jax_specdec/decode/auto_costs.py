@@ -54,15 +54,17 @@ ENV_KEYS = ("JAX_SPECDEC_SMALL_MATMUL", "JAX_SPECDEC_ATTENTION", "XLA_FLAGS")
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-    """Seconds per round of each width of `Auto.widths`, the acceptance per draft
-    position the measuring runs saw (None: not measured), and where they came from:
-    "given" (`Auto.round_costs`), "cache" (a file) or "measured" (in `seconds`)."""
+    """Seconds per round of each width of `Auto.widths` (and of the tree round last, if
+    `Auto.tree`), the acceptance per draft position and per step of the tree's walk the
+    measuring runs saw (None: not measured), and where they came from: "given"
+    (`Auto.round_costs`), "cache" (a file) or "measured" (in `seconds`)."""
 
     per_width: tuple[float, ...]
     alpha: tuple[float, ...] | None
     source: str
     path: pathlib.Path | None = None
     seconds: float = 0.0
+    tree_alpha: tuple[float, ...] | None = None
 
 
 def with_round_costs(run: Run, schedule: Auto, models) -> tuple[Run, Costs]:
@@ -73,7 +75,8 @@ def with_round_costs(run: Run, schedule: Auto, models) -> tuple[Run, Costs]:
         costs = Costs(schedule.round_costs, None, "given")
     else:
         costs = _cached_or_measured(run, schedule, models)
-    return _with_input(run, schedule.inputs(costs.per_width, costs.alpha)), costs
+    inputs = schedule.inputs(costs.per_width, costs.alpha, costs.tree_alpha)
+    return _with_input(run, inputs), costs
 
 
 def _cached_or_measured(run: Run, schedule: Auto, models) -> Costs:
@@ -81,36 +84,37 @@ def _cached_or_measured(run: Run, schedule: Auto, models) -> Costs:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     path = _folder() / f"{digest}.json"
     found = _read(path, schedule)
-    size = len(schedule.widths) + schedule.max_gamma
+    sizes = (schedule.entries, schedule.max_gamma, schedule.tree_depth)
     agree = functools.partial(_agree, spans=_spans(run))
     if agree(np.float32(found is not None)) > 0:  # process 0's file decides
-        values = agree(np.asarray(found if found else [0.0] * size, np.float64))
+        values = agree(np.asarray(found if found else [0.0] * sum(sizes), np.float64))
         source, seconds, steady = "cache", 0.0, True
     else:
         start = time.perf_counter()
-        per_width, alpha, steady = measure(run, schedule)
-        values = agree(np.asarray([*per_width, *alpha], np.float64))
+        per_width, alpha, tree_alpha, steady = measure(run, schedule)
+        values = agree(np.asarray([*per_width, *alpha, *tree_alpha], np.float64))
         source, seconds = "measured", time.perf_counter() - start
-    per_width = tuple(float(c) for c in values[: len(schedule.widths)])
-    alpha = tuple(float(a) for a in values[len(schedule.widths) :])
+    parts = np.split(values, np.cumsum(sizes)[:-1])
+    per_width, alpha, tree_alpha = (tuple(float(v) for v in part) for part in parts)
     if source == "measured" and steady and jax.process_index() == 0:
-        _write(path, key, schedule, per_width, alpha)
-    return Costs(per_width, alpha, source, path, seconds)
+        _write(path, key, schedule, per_width, alpha, tree_alpha)
+    return Costs(per_width, alpha, source, path, seconds, tree_alpha)
 
 
 def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEATS):
-    """(seconds per round of each width of the menu, acceptance per draft position,
-    whether every width ran `MIN_ROUNDS` rounds: else the figures are this call's only,
-    not cached), with `run`'s program (see above). With slots, only the first slots'
-    prompts run. A drafter that proposes fewer tokens than asked (n-gram lookup) runs
-    some rounds narrower than the width forced, so the costs solve
-    seconds = rounds per width × cost over all the runs (least squares)."""
+    """(seconds per round of each shape of the menu, acceptance per draft position and
+    per step of the tree's walk, whether every shape ran `MIN_ROUNDS` rounds: else the
+    figures are this call's only, not cached), with `run`'s program (see above). With
+    slots, only the first slots' prompts run. A drafter that proposes fewer tokens than
+    asked (n-gram lookup) runs some rounds narrower than the width forced, so the costs
+    solve seconds = rounds per shape × cost over all the runs (least squares)."""
     budgets = run.args.budgets
     if run.config.num_slots is not None:  # the queue's other prompts wait (budget 0)
         budgets = jnp.where(jnp.arange(budgets.shape[0]) < run.config.num_slots, budgets, 0)
     short = _with_input(run, schedule.forcing(0), jnp.minimum(budgets, 1))
+    shapes = [*schedule.widths] + ([schedule.tree_choice] if schedule.tree else [])
     runs = [short] + [
-        _with_input(run, schedule.forcing(w), jnp.minimum(budgets, tokens)) for w in schedule.widths
+        _with_input(run, schedule.forcing(w), jnp.minimum(budgets, tokens)) for w in shapes
     ]
     from jax_specdec.bench.timing import measure as interleaved
 
@@ -118,12 +122,16 @@ def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEA
     timed = interleaved([functools.partial(_generate, r) for r in runs], repeats)
     outputs = [m.output for m in timed]
     prefill = timed[0].seconds
-    rounds = np.stack([_local(o.stats.gamma_rounds)[: schedule.max_gamma + 1] for o in outputs])
-    rounds = rounds[1:, list(schedule.widths)].astype(np.float64)  # [runs, menu widths]
+    # [runs, menu shapes]: rounds of each width, then of the tree (gamma_rounds' last).
+    rounds = np.stack([_local(o.stats.gamma_rounds) for o in outputs[1:]]).astype(np.float64)
+    rounds = rounds[:, [*schedule.widths] + ([-1] if schedule.tree else [])]
     spent = np.array([max(m.seconds - prefill, 1e-9) for m in timed[1:]])
     per_width = _solve(rounds, spent)
     steady = bool(np.all(np.diag(rounds) >= MIN_ROUNDS))
-    return per_width, _acceptance(outputs[1:], schedule), steady
+    chains, trees = outputs[1 : len(schedule.widths) + 1], outputs[len(schedule.widths) + 1 :]
+    alpha = _acceptance(chains, schedule.prior_alpha, "accepted_at", "rejected_at")
+    tree_alpha = _acceptance(trees, schedule.prior_alpha, "tree_accepted_at", "tree_rejected_at")
+    return per_width, alpha, tree_alpha, steady
 
 
 def _solve(rounds: np.ndarray, spent: np.ndarray) -> list[float]:
@@ -141,18 +149,18 @@ def _generate(run: Run):
     return program.generate(*run.args, config=run.config)
 
 
-def _acceptance(outputs, schedule: Auto) -> list[float]:
-    """Acceptance of each draft position (given the drafts before it were accepted),
-    pooled over the runs and rows and drawn toward the overall rate by `SMOOTHING`
-    tries of it (the later positions are tried in few rounds: a few misses must not
-    rule them out); `prior_alpha` where nothing was tried; within [0.01, 0.99]."""
-    accepted = np.zeros(schedule.max_gamma)
-    rejected = np.zeros(schedule.max_gamma)
-    for o in outputs:
-        accepted += np.asarray(_local(o.stats.accepted_at)).sum(0)
-        rejected += np.asarray(_local(o.stats.rejected_at)).sum(0)
+def _acceptance(outputs, prior: float, accepted_at: str, rejected_at: str) -> list[float]:
+    """Acceptance of each draft position (given the drafts before it were accepted; the
+    stats' fields `accepted_at`, `rejected_at`), pooled over the runs and rows and drawn
+    toward the overall rate by `SMOOTHING` tries of it (the later positions are tried
+    in few rounds: a few misses must not rule them out); `prior` where nothing was
+    tried; within [0.01, 0.99]. Empty without runs."""
+    if not outputs:
+        return []
+    accepted = sum(np.asarray(_local(getattr(o.stats, accepted_at))).sum(0) for o in outputs)
+    rejected = sum(np.asarray(_local(getattr(o.stats, rejected_at))).sum(0) for o in outputs)
     tried = accepted + rejected
-    overall = accepted.sum() / tried.sum() if tried.sum() else schedule.prior_alpha
+    overall = accepted.sum() / tried.sum() if tried.sum() else prior
     alpha = (accepted + SMOOTHING * overall) / (tried + SMOOTHING)
     return [float(a) for a in np.clip(alpha, 0.01, 0.99)]
 
@@ -198,6 +206,7 @@ def cache_key(run: Run, schedule: Auto, models) -> dict:
         "slots": c.num_slots,
         "mesh": None if c.mesh is None else dict(c.mesh.shape),
         "widths": list(schedule.widths),
+        "tree": None if schedule.tree is None else repr(schedule.tree),
         "tokens": TOKENS,
     }
 
@@ -254,24 +263,28 @@ def _folder() -> pathlib.Path:
 
 
 def _read(path: pathlib.Path, schedule: Auto) -> list[float] | None:
-    """A record's costs then acceptance per position, or None (absent, unreadable, or
-    for another menu)."""
+    """A record's costs, acceptance per position and per step of the tree's walk, or
+    None (absent, unreadable, or for another menu)."""
     try:
         record = json.loads(path.read_text())
         costs = [float(c) for c in record["seconds_per_round"]]
         alpha = [float(a) for a in record["acceptance_per_position"]]
+        tree_alpha = [float(a) for a in record.get("tree_acceptance_per_step", [])]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    ok = record.get("widths") == list(schedule.widths) and len(alpha) == schedule.max_gamma
-    ok = ok and all(0 < c < 1e9 for c in costs) and all(0 < a < 1 for a in alpha)
-    return costs + alpha if ok else None
+    ok = record.get("widths") == list(schedule.widths) and len(costs) == schedule.entries
+    ok = ok and len(alpha) == schedule.max_gamma and len(tree_alpha) == schedule.tree_depth
+    ok = ok and all(0 < c < 1e9 for c in costs)
+    ok = ok and all(0 < a < 1 for a in alpha + tree_alpha)
+    return costs + alpha + tree_alpha if ok else None
 
 
-def _write(path: pathlib.Path, key: dict, schedule: Auto, per_width, alpha) -> None:
+def _write(path: pathlib.Path, key: dict, schedule: Auto, per_width, alpha, tree_alpha) -> None:
     record = {
         "widths": list(schedule.widths),
         "seconds_per_round": list(per_width),
         "acceptance_per_position": list(alpha),
+        "tree_acceptance_per_step": list(tree_alpha),
         "measured": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "key": key,
     }

@@ -68,5 +68,16 @@ class LoopConfig:
         return 0 if self.schedule is None else self.schedule.max_gamma
 
     @property
+    def menu_tree(self):
+        """The tree among the shapes the schedule chooses from each round (`Auto.tree`),
+        or None."""
+        return getattr(self.schedule, "tree", None)
+
+    @property
+    def tree_depth(self) -> int:
+        """The depth of `menu_tree` (0: none): the width of the tree rounds' counters."""
+        return 0 if self.menu_tree is None else self.menu_tree.depth
+
+    @property
     def speculative(self) -> bool:
         return self.drafter is not None

@@ -65,7 +65,7 @@ def init_state(
         round=zeros,
         last_gamma=zeros,
         last_accepted=zeros,
-        stats=init_stats(batch, config.gamma_max, nonfinite(last)),
+        stats=init_stats(batch, config.gamma_max, nonfinite(last), config.tree_depth),
         seen=seen,
         logprobs=logprobs,
     )

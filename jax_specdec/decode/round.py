@@ -10,6 +10,7 @@ conditional would be copied every round).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,11 +25,14 @@ from jax_specdec.decode.state import (
     drafter_sampling,
     emit,
     gather_last,
+    pad_entries,
     record_round,
     schedule_stats,
     written_after,
 )
 from jax_specdec.decode.stats import nonfinite
+from jax_specdec.decode.tree_accept import accept_tree
+from jax_specdec.decode.tree_round import walked_tree
 from jax_specdec.decode.verify import verify
 from jax_specdec.nn import write_entries
 from jax_specdec.penalties import adjust
@@ -64,6 +68,9 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
     noise = round_noise(state.keys, state.round + 1, gamma_max, state.sampling)
     active = ~state.done
     gammas = jnp.where(active, schedule(schedule_stats(state, config)), 0)
+    if config.menu_tree is not None:  # `Auto`'s tree: γ_max + 1, the whole batch's round
+        tree_chosen = jnp.any(gammas > gamma_max)
+        gammas = jnp.minimum(gammas, gamma_max)
     fixed = schedule.min_gamma == schedule.max_gamma  # static: a constant γ
     want = jnp.int32(gamma_max) if fixed else _widest(gammas, active, gamma_max)
     inputs = DraftInputs(
@@ -88,8 +95,13 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
         widest = want if cap is None else _widest(counts, active, gamma_max)
         widths = _round_widths(config, fixed)
         index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < widest).astype(jnp.int32)
-        width = jnp.asarray(widths, jnp.int32)[index]
         branches = [functools.partial(round_of_width, w) for w in widths]
+        if config.menu_tree is not None:
+            index = jnp.where(tree_chosen, len(widths), index)
+            widths += (config.menu_tree.depth,)
+            tree = functools.partial(_menu_tree, target, draft, target_cache, draft_cache)
+            branches.append(functools.partial(tree, prepared=prepared, config=config))
+        width = jnp.asarray(widths, jnp.int32)[index]
         light, target_entries, draft_entries, features = jax.lax.switch(index, branches, light)
 
     before, after = state.lengths, light.lengths
@@ -101,6 +113,20 @@ def speculative_round(target, draft, state: LoopState, config: LoopConfig) -> Lo
     return light.replace(
         target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
     )
+
+
+def _menu_tree(target, draft, target_cache, draft_cache, light, *, prepared, config):
+    """The tree round of `Auto`'s menu as a branch of the round's switch: its outputs
+    shaped as a chain round's (entries and features padded to γ_max + 1; no draft
+    entries: a drafter that builds trees keeps none)."""
+    tree_config = dataclasses.replace(config, tree=config.menu_tree, acceptance=accept_tree)
+    light, walked, features = walked_tree(
+        target, draft, target_cache, draft_cache, light, prepared, tree_config, menu=True
+    )
+    size = config.gamma_max + 1
+    if features is not None:
+        features = jnp.pad(features, ((0, 0), (0, size - features.shape[1]), (0, 0)))
+    return light, pad_entries(walked, size), None, features
 
 
 def _plain_step(target, state: LoopState, config: LoopConfig, pick, draft=None) -> LoopState:

@@ -240,22 +240,38 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None)
     return state.replace(tokens=tokens, lengths=lengths, done=done, seen=seen, logprobs=logprobs)
 
 
-def record_round(state: LoopState, *, active, width: int, counts, accepted, bad) -> LoopState:
+def record_round(
+    state: LoopState, *, active, width: int, counts, accepted, bad, menu_tree: bool = False
+) -> LoopState:
     """Counts one round of static `width` (0: a plain target step) in which each
-    `active` row tested counts[b] drafts and accepted[b]; `bad` [B] flags NaN/inf."""
+    `active` row tested counts[b] drafts and accepted[b]; `bad` [B] flags NaN/inf.
+    `menu_tree`: a tree round of `Auto`'s menu, counted in the tree's own counters
+    (`GenerationStats.tree_accepted_at`, the last of `gamma_rounds`)."""
     s = state.stats
     on = active.astype(jnp.int32)
-    at = jnp.arange(s.accepted_at.shape[1], dtype=jnp.int32)[None]
     ended = (accepted < counts)[:, None]
+
+    def positions(tried, kept, first_rejected):
+        at = jnp.arange(kept.shape[1], dtype=jnp.int32)[None]
+        tried = tried + (at < counts[:, None]) * on[:, None]
+        kept = kept + (at < accepted[:, None]) * on[:, None]
+        first_rejected = first_rejected + ((at == accepted[:, None]) & ended) * on[:, None]
+        return tried, kept, first_rejected
+
+    if menu_tree:
+        _, tree_accepted, tree_rejected = positions(0, s.tree_accepted_at, s.tree_rejected_at)
+        per_position = dict(tree_accepted_at=tree_accepted, tree_rejected_at=tree_rejected)
+        width = s.gamma_rounds.shape[0] - 1
+    else:
+        drafted_at, accepted_at, rejected_at = positions(s.drafted_at, s.accepted_at, s.rejected_at)
+        per_position = dict(drafted_at=drafted_at, accepted_at=accepted_at, rejected_at=rejected_at)
     stats = s.replace(
+        **per_position,
         rounds=s.rounds + on,
         target_calls=s.target_calls + 1,
         drafted=s.drafted + counts * on,
         accepted=s.accepted + accepted * on,
         rejected=s.rejected + (accepted < counts) * on,
-        drafted_at=s.drafted_at + (at < counts[:, None]) * on[:, None],
-        accepted_at=s.accepted_at + (at < accepted[:, None]) * on[:, None],
-        rejected_at=s.rejected_at + ((at == accepted[:, None]) & ended) * on[:, None],
         gamma_rounds=s.gamma_rounds.at[width].add(1),
         slot_rounds=s.slot_rounds + active.shape[0],
         nonfinite=s.nonfinite | (active & bad),
@@ -283,6 +299,8 @@ def schedule_stats(state: LoopState, config: LoopConfig) -> ScheduleStats:
         rejected=s.rejected,
         accepted_at=s.accepted_at,
         rejected_at=s.rejected_at,
+        tree_accepted_at=s.tree_accepted_at,
+        tree_rejected_at=s.tree_rejected_at,
         last_gamma=state.last_gamma,
         last_accepted=state.last_accepted,
         auto=state.auto,

@@ -28,6 +28,8 @@ ROW_FIELDS = (
     "drafted_at",
     "accepted_at",
     "rejected_at",
+    "tree_accepted_at",
+    "tree_rejected_at",
     "nonfinite",
 )
 
@@ -49,8 +51,13 @@ class GenerationStats:
         the acceptance of position i given that the drafts before it were accepted is
         accepted_at / (accepted_at + rejected_at). The three are empty for
         autoregressive decoding.
+      tree_accepted_at, tree_rejected_at: [B, D] as accepted_at and rejected_at, for
+        the tree rounds of `schedules.Auto` with a tree in its menu (D its depth; the
+        walk's step i); [B, 0] otherwise. Those rounds are counted here, not in the
+        chains' positions.
       gamma_rounds: [γ_max + 1] rounds of the whole batch run with each draft width
-        (0: a plain target step).
+        (0: a plain target step); one more, last, for the tree rounds of `Auto` with a
+        tree in its menu.
       nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
         to be trusted; a warning is raised too).
       slot_rounds: [] rows of the batch times rounds run (the work the rows could have
@@ -65,6 +72,8 @@ class GenerationStats:
     drafted_at: jax.Array
     accepted_at: jax.Array
     rejected_at: jax.Array
+    tree_accepted_at: jax.Array
+    tree_rejected_at: jax.Array
     gamma_rounds: jax.Array
     nonfinite: jax.Array
     slot_rounds: jax.Array
@@ -149,10 +158,14 @@ class GenerationOutput(NamedTuple):
     logprobs: Any = None
 
 
-def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> GenerationStats:
-    """Counters before the first round: one target call (the prefill) and its NaN flags."""
+def init_stats(
+    batch: int, gamma_max: int, nonfinite_rows: jax.Array, tree_depth: int = 0
+) -> GenerationStats:
+    """Counters before the first round: one target call (the prefill) and its NaN flags;
+    `tree_depth`: the depth of a tree in `Auto`'s menu (0: none)."""
     zeros = jnp.zeros((batch,), jnp.int32)
     per_position = jnp.zeros((batch, gamma_max), jnp.int32)
+    per_depth = jnp.zeros((batch, tree_depth), jnp.int32)
     return GenerationStats(
         rounds=zeros,
         target_calls=jnp.ones((), jnp.int32),
@@ -162,7 +175,9 @@ def init_stats(batch: int, gamma_max: int, nonfinite_rows: jax.Array) -> Generat
         drafted_at=per_position,
         accepted_at=per_position,
         rejected_at=per_position,
-        gamma_rounds=jnp.zeros((gamma_max + 1,), jnp.int32),
+        tree_accepted_at=per_depth,
+        tree_rejected_at=per_depth,
+        gamma_rounds=jnp.zeros((gamma_max + 1 + (tree_depth > 0),), jnp.int32),
         nonfinite=nonfinite_rows,
         slot_rounds=jnp.zeros((), jnp.int32),
     )

@@ -86,8 +86,7 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
 def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     """One round: draft a tree, verify it in one call, walk it, write the walked entries."""
     drafter, depth = config.drafter, config.tree.depth
-    draft_keys, draws = _noise(state, config)
-    active = ~state.done
+    draft_keys, _ = _noise(state, config)
     inputs = DraftInputs(
         state.tokens,
         state.lengths,
@@ -97,14 +96,42 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
         drafter_sampling(state),
     )
     draft_cache, prepared, _ = drafter.prepare(draft, state.draft_cache, inputs, config)
+    light = state.replace(target_cache=None, draft_cache=None)
+    light, walked, features = walked_tree(
+        target, draft, state.target_cache, draft_cache, light, prepared, config
+    )
+    before, after = state.lengths, light.lengths
+    target_cache = write_entries(state.target_cache, *walked, written_after(before - 1, after))
+    extra = {"features": features} if reads_features(drafter) else {}
+    draft_cache = drafter.commit(draft_cache, prepared, None, before, after, depth, config, **extra)
+    return light.replace(
+        target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
+    )
+
+
+def walked_tree(target, draft, target_cache, draft_cache, light, prepared, config, menu=False):
+    """A tree round up to its cache writes, both caches only read: the drafter's tree
+    (`config.tree`; `prepared`: its `prepare` output for the round), the verify call,
+    the walk, the emitted tokens and the round's counts (`menu`: as a tree round of
+    `Auto`'s menu, `record_round`). Returns (the state after, the walked nodes' entries
+    per layer [B, D + 1, K, hd] root first, their features [B, D + 1, D'] or None)."""
+    drafter, depth = config.drafter, config.tree.depth
+    draft_keys, draws = _noise(light, config)
+    active = ~light.done
+    inputs = DraftInputs(
+        light.tokens,
+        light.lengths,
+        light.done,
+        draft_keys,
+        jnp.int32(depth),
+        drafter_sampling(light),
+    )
     proposal = drafter.propose_tree(draft, draft_cache, inputs, prepared, config.tree, config)
     proposal = proposal._replace(valid=proposal.valid & active[:, None])
-    light = state.replace(target_cache=None, draft_cache=None)
     mask = ancestors(proposal.parent, depth)
     found, scores, bad, entries, features = verify_tree(
-        target, state.target_cache, light, proposal, mask, draws, config
+        target, target_cache, light, proposal, mask, draws, config
     )
-    before = state.lengths
     light = emit(light, found.emitted, found.accepted + 1, config, scores)
     node_depth = depths(mask)[:, 1:]
     counts = jnp.max(jnp.where(proposal.valid, node_depth, 0), axis=1)  # longest path drafted
@@ -115,14 +142,9 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
         counts=counts,
         accepted=found.accepted,
         bad=bad | proposal.bad,
+        menu_tree=menu,
     )
-    after = light.lengths
     walked = gather_nodes(entries, found.path)
-    target_cache = write_entries(state.target_cache, *walked, written_after(before - 1, after))
-    extra = {}
     if reads_features(drafter):
-        extra["features"] = gather_nodes(features, found.path)
-    draft_cache = drafter.commit(draft_cache, prepared, None, before, after, depth, config, **extra)
-    return light.replace(
-        target_cache=target_cache.replace(lengths=after - 1), draft_cache=draft_cache
-    )
+        features = gather_nodes(features, found.path)
+    return light, walked, features

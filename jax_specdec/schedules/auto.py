@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_specdec.decode.tree import Tree
 from jax_specdec.schedules.base import ScheduleStats
 from jax_specdec.schedules.cost_model import CostModel
 
@@ -29,11 +30,16 @@ class AutoInputs(NamedTuple):
         (given the drafts before it were accepted).
       ramp: [] bool, widen at most one width of the menu past the deepest draft
         position tried so far (False: any width, as the measuring runs need).
+      tree_cost: [] float32 seconds per tree round (`UNLISTED` without a tree).
+      tree_alpha: [D] float32 the prior's mean acceptance of the walk's step i (given
+        the steps before it were taken) in a tree round ([0] without a tree).
     """
 
     costs: jax.Array
     alpha: jax.Array
     ramp: jax.Array
+    tree_cost: jax.Array
+    tree_alpha: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +71,15 @@ class Auto:
     hence on the costs: pass `round_costs` (seconds per round of each of `widths`) to fix
     them, e.g. to reproduce a run on another machine.
 
-    Each width on the menu is a branch of the round's switch, compiled with the program.
+    `tree` (a `decode.tree.Tree` of depth at most the widest width, with a drafter that
+    builds trees) adds a tree round to the menu, chosen for the whole batch when its
+    expected time is the least: its tokens per round are modelled as a chain's, from
+    the acceptance of each step of the walk in the tree rounds seen (a prior measured
+    with the costs), apart from the chains' positions. `round_costs` then holds one
+    more cost, the tree round's, last.
+
+    Each width on the menu (and the tree) is a branch of the round's switch, compiled
+    with the program.
     """
 
     widths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
@@ -73,6 +87,7 @@ class Auto:
     prior_alpha: float = 0.6
     prior_weight: float = 4.0
     explore: float = 1.0
+    tree: Tree | None = None
 
     min_gamma = 0
 
@@ -85,12 +100,19 @@ class Auto:
                 f"least one width >= 1, got {self.widths!r}"
             )
         object.__setattr__(self, "widths", widths)
+        if self.tree is not None and (
+            not isinstance(self.tree, Tree) or self.tree.depth > widths[-1]
+        ):
+            raise ValueError(
+                f"Auto.tree must be a Tree of depth at most the widest width ({widths[-1]}), "
+                f"got {self.tree!r}"
+            )
         if self.round_costs is not None:
             costs = tuple(float(c) for c in self.round_costs)
-            if len(costs) != len(widths) or not all(0 < c < math.inf for c in costs):
+            if len(costs) != self.entries or not all(0 < c < math.inf for c in costs):
                 raise ValueError(
-                    f"Auto.round_costs must hold one finite cost > 0 per width {widths}, "
-                    f"got {self.round_costs!r}"
+                    f"Auto.round_costs must hold one finite cost > 0 per width {widths}"
+                    f"{' and one for the tree' if self.tree else ''}, got {self.round_costs!r}"
                 )
             object.__setattr__(self, "round_costs", costs)
         self.model()  # checks the prior and explore
@@ -98,6 +120,20 @@ class Auto:
     @property
     def max_gamma(self) -> int:
         return self.widths[-1]
+
+    @property
+    def entries(self) -> int:
+        """Shapes on the menu: the widths, and the tree if any."""
+        return len(self.widths) + (self.tree is not None)
+
+    @property
+    def tree_choice(self) -> int:
+        """What a row's γ is when the round is the tree's: max_gamma + 1."""
+        return self.max_gamma + 1
+
+    @property
+    def tree_depth(self) -> int:
+        return 0 if self.tree is None else self.tree.depth
 
     def model(self) -> CostModel:
         """The `CostModel` whose rule this follows (its own costs unused)."""
@@ -109,22 +145,39 @@ class Auto:
             explore=self.explore,
         )
 
-    def inputs(self, per_width, alpha=None) -> AutoInputs:
-        """The program's input: `per_width` (seconds per round of each width of the menu)
-        at its widths, `UNLISTED` elsewhere; `alpha` the prior acceptance per draft
-        position (None: `prior_alpha`)."""
+    def inputs(self, per_width, alpha=None, tree_alpha=None) -> AutoInputs:
+        """The program's input: `per_width` (seconds per round of each shape of the
+        menu: its widths, then the tree) at its widths, `UNLISTED` elsewhere; `alpha` the
+        prior acceptance per draft position and `tree_alpha` per step of the tree's walk
+        (None: `prior_alpha`)."""
+        per_width = np.asarray(per_width, np.float32)
         costs = np.full(self.max_gamma + 1, UNLISTED, np.float32)
-        costs[list(self.widths)] = np.asarray(per_width, np.float32)
-        alpha = np.broadcast_to(
-            np.float32(self.prior_alpha if alpha is None else alpha), (self.max_gamma,)
+        costs[list(self.widths)] = per_width[: len(self.widths)]
+        tree_cost = per_width[-1] if self.tree is not None else np.float32(UNLISTED)
+
+        def prior(values, size):
+            given = self.prior_alpha if values is None or np.size(values) == 0 else values
+            return np.broadcast_to(np.float32(given), (size,)).astype(np.float32)
+
+        return AutoInputs(
+            costs,
+            prior(alpha, self.max_gamma),
+            np.bool_(True),
+            np.float32(tree_cost),
+            prior(tree_alpha, self.tree_depth),
         )
-        return AutoInputs(costs, alpha.copy(), np.bool_(True))
 
     def forcing(self, width: int) -> AutoInputs:
-        """Inputs under which every round runs at `width` (the measuring runs)."""
-        costs = np.full(self.max_gamma + 1, UNLISTED, np.float32)
+        """Inputs under which every round runs at `width` (`tree_choice`: the tree's)."""
+        costs = np.full(self.max_gamma + 2, UNLISTED, np.float32)
         costs[width] = 1.0
-        return AutoInputs(costs, np.full(self.max_gamma, 0.5, np.float32), np.bool_(False))
+        return AutoInputs(
+            costs[:-1],
+            np.full(self.max_gamma, 0.5, np.float32),
+            np.bool_(False),
+            costs[-1],
+            np.full(self.tree_depth, 0.5, np.float32),
+        )
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:
         if stats.auto is None:
@@ -132,24 +185,46 @@ class Auto:
                 "Auto needs its costs as the program's input: run it through Generator, "
                 "which measures them (or pass Auto(round_costs=...))"
             )
-        depth = _depth(stats)
+        depth = _depth(stats.accepted_at, stats.rejected_at)
         costs = jnp.where(self._reachable(stats, depth), stats.auto.costs, UNLISTED)
         optimism = jnp.arange(self.max_gamma) <= depth  # the tried positions and the next
-        return self.model().choose(stats, costs, prior=stats.auto.alpha, optimism=optimism)
+        model = self.model()
+        if self.tree is None:
+            return model.choose(stats, costs, prior=stats.auto.alpha, optimism=optimism)
+        chains = model.rounds(stats, stats.auto.alpha, optimism) * costs
+        return _with_tree(chains, self._tree_rounds(stats) * stats.auto.tree_cost, stats)
+
+    def _tree_rounds(self, stats: ScheduleStats) -> jax.Array:
+        """[] expected rounds until the batch is done, every round the tree's: its walk's
+        steps modelled as a chain's positions, from the tree rounds' own counters."""
+        seen = stats._replace(
+            accepted_at=stats.tree_accepted_at, rejected_at=stats.tree_rejected_at
+        )
+        depth = _depth(stats.tree_accepted_at, stats.tree_rejected_at)
+        model = dataclasses.replace(self.model(), verify_costs=(1.0,) * (self.tree.depth + 1))
+        optimism = jnp.arange(self.tree.depth) <= depth
+        return model.rounds(seen, stats.auto.tree_alpha, optimism)[-1]
 
     def _reachable(self, stats: ScheduleStats, depth=None) -> jax.Array:
         """[max_gamma + 1] the widths this round may take: up to the first width of the
         menu past the deepest draft position any row has tried (from the first on), so
         that a width is widened step by step as the positions before it are observed
         (an optimistic guess for unobserved positions would jump to the widest)."""
-        depth = _depth(stats) if depth is None else depth
+        depth = _depth(stats.accepted_at, stats.rejected_at) if depth is None else depth
         widths = jnp.asarray(self.widths, jnp.int32)
         step = jnp.minimum(jnp.searchsorted(widths, depth, side="right"), len(self.widths) - 1)
         gammas = jnp.arange(self.max_gamma + 1, dtype=jnp.int32)
         return (gammas <= widths[step]) | ~stats.auto.ramp
 
 
-def _depth(stats: ScheduleStats) -> jax.Array:
+def _depth(accepted_at, rejected_at) -> jax.Array:
     """[] how many draft positions, from the first on, some row has tried."""
-    tried = jnp.sum(stats.accepted_at + stats.rejected_at, axis=0) > 0
+    tried = jnp.sum(accepted_at + rejected_at, axis=0) > 0
     return jnp.sum(jnp.cumprod(tried.astype(jnp.int32)))
+
+
+def _with_tree(chains: jax.Array, tree: jax.Array, stats: ScheduleStats) -> jax.Array:
+    """[B] the best of the chains' expected times [max_gamma + 1] and the tree's [], every
+    row alike: the tree's choice is max_gamma + 1."""
+    best = jnp.argmin(jnp.concatenate([chains, tree[None]])).astype(jnp.int32)
+    return jnp.full(stats.active.shape, best, jnp.int32)

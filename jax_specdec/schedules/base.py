@@ -31,6 +31,8 @@ class ScheduleStats(NamedTuple):
       last_gamma: [B] int32, tokens the row drafted in the previous round (0 before
         the first round).
       last_accepted: [B] int32, how many of them were accepted.
+      tree_accepted_at, tree_rejected_at: [B, D] the same for the tree rounds of
+        `Auto` with a tree in its menu (D its depth; [B, 0] without).
       auto: what `Auto` chooses from (`schedules.auto.AutoInputs`: round costs and
         prior acceptance, an input of the program, not part of it); None for the other
         schedules.
@@ -49,6 +51,8 @@ class ScheduleStats(NamedTuple):
     last_gamma: jax.Array
     last_accepted: jax.Array
     auto: Any = None
+    tree_accepted_at: Any = None
+    tree_rejected_at: Any = None
 
 
 def check_gamma(name: str, value, low: int = 1) -> int:
