@@ -189,8 +189,10 @@ def add_round_flags(parser: argparse.ArgumentParser, gamma="auto", why: str = ""
         "--tree",
         type=int,
         default=None,
-        help="draft a token tree of this many nodes each round (its depth: the number of "
-        "draft tokens) and verify it in one target call; needs --draft ngram or a feature head",
+        help="draft a token tree of this many nodes (its depth: the number of draft tokens; "
+        "4 with auto, where the tree joins auto's menu and runs in the rounds where it is "
+        "expected to be fastest) and verify it in one target call; needs --draft ngram or a "
+        "feature head",
     )
     parser.add_argument(
         "--branch",
