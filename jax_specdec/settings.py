@@ -86,7 +86,8 @@ class DecodeSettings:
 
         gamma = check_gamma_flag(args.num_draft_tokens)
         # With auto, the tree (of depth TREE_DEPTH) joins auto's menu.
-        tree = _tree(args.tree, args.branch, TREE_DEPTH if gamma == "auto" else gamma, args.lookup)
+        depth = min(TREE_DEPTH, args.tree or TREE_DEPTH) if gamma == "auto" else gamma
+        tree = _tree(args.tree, args.branch, max(depth, 1), args.lookup)
         if args.acceptance == "block" and tree is not None:
             raise ValueError("--acceptance block is for chains; a --tree round walks its tree")
         ids = args.eos.replace(" ", "").split(",")

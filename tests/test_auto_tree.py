@@ -12,12 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    PROMPTS,
     VOCAB,
     assert_follows_target,
+    chi_square_pvalue,
+    exact_sequence_probs,
     make_head,
     ragged_prompts,
     sample_sequences,
 )
+from test_drafter_contract import wrong_tree
 
 from jax_specdec import Generator, NGram, SamplingConfig, autoregressive_generate
 from jax_specdec.decode import auto_costs, program
@@ -86,13 +90,25 @@ class TreeThenChain(Auto):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tree", [TREE, Tree(6, 2, 2, lookup=2)], ids=["sampled", "lookup"])
-def test_samples_follow_the_target_with_tree_and_chain_rounds_in_a_row(target, head, tree):
-    """A sampled tree is accepted by recursive rejection, one with lookup by the walk."""
+@pytest.mark.parametrize("rule", ["exact", "wrong"])
+def test_samples_follow_the_target_with_tree_and_chain_rounds_in_a_row(target, head, tree, rule):
+    """A sampled tree is accepted by recursive rejection, one with lookup by the walk; a
+    wrong rule in the tree rounds (`test_drafter_contract.wrong_tree`) fails the test."""
     schedule = TreeThenChain(widths=(0, 1, 2), tree=tree, round_costs=MIXED)
-    seqs, stats = sample_sequences(target, head, T1, None, None, seed=21, schedule=schedule)
+    wrong = dict(_tree_rule=wrong_tree) if rule == "wrong" else {}
+    seqs, stats = sample_sequences(
+        target, head, T1, None, None, seed=21, schedule=schedule, **wrong
+    )
     rounds = np.asarray(stats.gamma_rounds)
     assert rounds[-1] > 0 and rounds[1] > 0 and rounds[0] + rounds[2] == 0, rounds
-    assert_follows_target(target, seqs, T1, None, f"auto tree {tree.label}")
+    if rule == "exact":
+        assert_follows_target(target, seqs, T1, None, f"auto tree {tree.label}")
+        return
+    pvalues = [
+        chi_square_pvalue(seqs[i::2], exact_sequence_probs(target, np.array(p), T1, None))
+        for i, p in enumerate(PROMPTS)
+    ]
+    assert min(pvalues) < 1e-6, pvalues
 
 
 def test_the_trees_cost_and_walk_are_measured_and_cached(target, head, costs_folder):
@@ -107,13 +123,19 @@ def test_the_trees_cost_and_walk_are_measured_and_cached(target, head, costs_fol
     costs = run.round_costs
     assert costs.source == "measured" and len(costs.per_width) == 3  # 0, 2, the tree
     assert len(costs.alpha) == 2 and len(costs.tree_alpha) == 2
-    assert all(0 < a < 1 for a in costs.tree_alpha)
     record = json.loads(costs.path.read_text())
     np.testing.assert_allclose(record["tree_acceptance_per_step"], costs.tree_alpha)
     assert record["key"]["tree"] == repr(schedule.tree)
     forced = auto_costs._with_input(run, schedule.forcing(schedule.tree_choice))().stats
     rounds = np.asarray(forced.gamma_rounds)
     assert rounds[-1] == int(forced.target_calls) - 1 > 0 and rounds[:-1].sum() == 0
+    # The prior is the forced tree run's walk (the measuring run: same program and
+    # inputs, greedy), smoothed as `auto_costs._acceptance` says.
+    kept = np.asarray(forced.tree_accepted_at).sum(0).astype(float)
+    tried = kept + np.asarray(forced.tree_rejected_at).sum(0)
+    smoothing = auto_costs.SMOOTHING
+    want = (kept + smoothing * kept.sum() / tried.sum()) / (tried + smoothing)
+    np.testing.assert_allclose(costs.tree_alpha, np.clip(want, 0.01, 0.99), rtol=1e-6)
     again = Generator(target, head, schedule=schedule).bind(
         prompts, key=jax.random.key(0), max_new_tokens=12
     )
@@ -136,3 +158,15 @@ def test_a_tree_joins_autos_menu_and_bad_ones_are_refused(target, head, draft):
         Generator(target, head, schedule=Auto(tree=TREE), tree=6)
     with pytest.raises(ValueError, match="larger than a feature head builds"):
         Generator(target, head, schedule="auto", tree=Tree(40, 2, 2))
+
+
+def test_the_memory_plan_counts_the_trees_verify_width(target, head):
+    prompts = ragged_prompts(2, VOCAB, seed=5)
+    plans = {}
+    for name, tree in (("chains", None), ("tree", Tree(40, 2, 8))):
+        schedule = Auto(widths=(0, 1, 2), tree=tree, round_costs=(1.0,) * (3 + bool(tree)))
+        run = Generator(target, head, schedule=schedule).bind(
+            prompts, key=jax.random.key(0), max_new_tokens=4
+        )
+        plans[name] = run.memory_plan
+    assert plans["tree"].working > 10 * plans["chains"].working  # 41 tokens a row, not 3

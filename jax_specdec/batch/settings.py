@@ -108,6 +108,8 @@ class BatchSettings:
         if speculative and decode.tree is not None:
             tree = decode.tree
             rounds["tree"] = f"{tree.nodes}:{decode.num_draft_tokens}:{tree.branch}"
+            if tree.lookup:  # set only when asked for, as above
+                rounds["tree"] += f":lookup{tree.lookup}"
         if speculative and decode.acceptance != "token":
             rounds["acceptance"] = decode.acceptance
         if decode.dtype is not None:

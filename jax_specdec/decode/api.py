@@ -82,8 +82,9 @@ class Generator:
         (`decode.tree`): an int N of nodes, its depth the schedule's γ (an int; 4
         when no schedule is given), or a `Tree(nodes, depth, branch)`. With
         schedule="auto" (or an `Auto`) the tree joins auto's menu (an int N: depth
-        min(N, 4)), chosen for a round when its expected time is the least. An `NGram`,
-        a feature head or an EAGLE-3 head builds trees.
+        min(N, 4)), chosen for a round when its expected time is the least; without a
+        schedule, every round is the tree's (depth 4). An `NGram`, a feature head or an
+        EAGLE-3 head builds trees.
       device_memory: bytes one device holds, for the memory plan each call is checked
         against before compiling (`decode.memory`); None: what the backend reports (GPU,
         TPU), no check where it reports nothing (CPU).
@@ -105,6 +106,7 @@ class Generator:
         tree: int | Tree | None = None,
         device_memory: int | None = None,
         _rule: Callable | None = None,
+        _tree_rule: Callable | None = None,
     ):
         if not isinstance(target, Transformer):
             raise TypeError(
@@ -129,6 +131,7 @@ class Generator:
             raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.acceptance = _acceptance_rule(acceptance, _rule, self.tree)
+        self._tree_rule = accept_tree if _tree_rule is None else _tree_rule  # auto's tree
         if device_memory is not None:
             check_int("device_memory", device_memory, 1)
         self.device_memory = device_memory
@@ -243,8 +246,9 @@ class Generator:
 
     def _memory_plan(self, config: LoopConfig, rows: int, prompts: int) -> MemoryPlan:
         width = 1 if self.schedule is None else self.schedule.max_gamma + 1
-        if self.tree is not None:
-            width = self.tree.nodes + 1
+        tree = self.tree or getattr(self.schedule, "tree", None)  # or a tree on auto's menu
+        if tree is not None:
+            width = max(width, tree.nodes + 1)
         available = self.device_memory if self.device_memory is not None else device_memory()
         return plan_memory(
             [s for s in self._states if s is not None],
@@ -279,6 +283,7 @@ class Generator:
             num_slots=num_slots,
             acceptance=self.acceptance,
             tree=self.tree,
+            menu_acceptance=self._tree_rule,
         )
 
     def _place(self, request: Request, num_slots: int | None, order):
@@ -336,15 +341,16 @@ def _static(schedule):
 
 
 def _menu_tree(schedule: Auto, tree, drafter) -> Auto:
-    """`schedule` with `tree` (an int N: `Tree(N, min(N, 4))`; or `schedule.tree`) on its
-    menu, checked against the drafter as a tree round's (`as_tree`)."""
+    """`schedule` with `tree` (an int N: `Tree(N, min(N, 4, its widest width))`; or
+    `schedule.tree`) on its menu, checked against the drafter as a tree round's
+    (`as_tree`)."""
     if tree is None and schedule.tree is None:
         return schedule
     if tree is not None and schedule.tree is not None:
         raise ValueError("give the tree once: as tree=... or as Auto(tree=...), not both")
     tree = schedule.tree if tree is None else tree
     if not isinstance(tree, Tree) and isinstance(tree, int) and not isinstance(tree, bool):
-        tree = Tree(tree, min(tree, 4)) if tree >= 1 else tree
+        tree = Tree(tree, min(tree, 4, schedule.max_gamma)) if tree >= 1 else tree
     depth = tree.depth if isinstance(tree, Tree) else 1
     tree = as_tree(tree, Constant(depth), drafter)
     return dataclasses.replace(schedule, tree=tree)

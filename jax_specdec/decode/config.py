@@ -40,6 +40,9 @@ class LoopConfig:
         waiting prompt when its row finishes (`decode.slots`); None: one row per prompt.
       acceptance: the acceptance rule, a function with the signature of
         `jax_specdec.acceptance.accept_with_noise` (the exact rule, the default).
+      menu_acceptance: the acceptance rule of the tree rounds of `Auto` with a tree on
+        its menu (`decode.tree_accept.accept_tree`'s signature; the chains keep
+        `acceptance`).
       tree: a `decode.tree.Tree`: every round drafts a token tree of that shape and
         verifies it in one call (`decode.tree_round`); its depth is the schedule's
         constant γ. None: chains.
@@ -61,6 +64,7 @@ class LoopConfig:
     acceptance: Callable = accept_with_noise
     tree: Any = None
     logprobs: Any = None
+    menu_acceptance: Callable | None = None
 
     @property
     def gamma_max(self) -> int:

@@ -119,7 +119,8 @@ def _menu_tree(target, draft, target_cache, draft_cache, light, *, prepared, con
     """The tree round of `Auto`'s menu as a branch of the round's switch: its outputs
     shaped as a chain round's (entries and features padded to γ_max + 1; no draft
     entries: a drafter that builds trees keeps none)."""
-    tree_config = dataclasses.replace(config, tree=config.menu_tree, acceptance=accept_tree)
+    rule = config.menu_acceptance or accept_tree
+    tree_config = dataclasses.replace(config, tree=config.menu_tree, acceptance=rule)
     light, walked, features = walked_tree(
         target, draft, target_cache, draft_cache, light, prepared, tree_config, menu=True
     )

@@ -129,6 +129,11 @@ class GenerationStats:
         """The counters of several calls as one (rows concatenated, batch counts summed)."""
         if not stats:
             raise ValueError("merge needs at least one GenerationStats")
+        if len({s.tree_accepted_at.shape[-1] for s in stats}) > 1:
+            raise ValueError(
+                "merge: the calls' menus differ (a tree on auto's menu in some of them): "
+                "their rounds per width do not add up"
+            )
         fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in ROW_FIELDS}
         fields["target_calls"] = sum(s.target_calls for s in stats)
         fields["slot_rounds"] = sum(s.slot_rounds for s in stats)
