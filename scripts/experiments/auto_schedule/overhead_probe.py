@@ -16,19 +16,21 @@ TEXT = (
     '    """Read a JSON settings file and return a dict."""\n    with open(path) as f:\n'
 )
 ids = [encode_chat(loaded.tokenizer, tpl, [{"role": "user", "content": TEXT}])]
+# "bN" among the arguments: N rows of the prompt (default 1).
+ids = ids * next((int(a[1:]) for a in sys.argv[1:] if a.startswith("b")), 1)
 runs = {}
 runs["ar"] = Generator(loaded.target).bind(ids, key=jax.random.key(0), max_new_tokens=96)
 for g in (1, 2, 4):
     runs[f"c{g}"] = Generator(loaded.target, loaded.draft, schedule=g).bind(
         ids, key=jax.random.key(0), max_new_tokens=96
     )
-menus = [tuple(int(x) for x in m.split(",")) for m in sys.argv[1:]]
+menus = [tuple(int(x) for x in m.split(",")) for m in sys.argv[1:] if not m.startswith("b")]
 for menu in menus:
     a = Auto(widths=menu, round_costs=tuple(1.0 for _ in menu))
     base = Generator(loaded.target, loaded.draft, schedule=a).bind(
         ids, key=jax.random.key(0), max_new_tokens=96
     )
-    for g in (1, 2, 4):
+    for g in (0, 1, 2, 4):
         if g in menu:
             runs[f"auto{menu}@{g}"] = auto_costs._with_input(base, a.forcing(g))
 names = list(runs)
