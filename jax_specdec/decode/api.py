@@ -13,7 +13,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_specdec.acceptance import accept_block_with_noise, accept_with_noise
 from jax_specdec.decode.auto_costs import with_round_costs
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.resolve import as_drafter
@@ -27,6 +26,12 @@ from jax_specdec.decode.request import (
     queue_rows,
     stop_ids,
 )
+from jax_specdec.decode.round_args import (
+    acceptance_rule,
+    menu_tree,
+    resolve_schedule,
+    static_schedule,
+)
 from jax_specdec.decode.run import ProgramArgs, Run
 from jax_specdec.decode.stats import GenerationOutput
 from jax_specdec.decode.stop_tokens import per_row, stop_array
@@ -34,13 +39,12 @@ from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
 from jax_specdec.sampling import SamplingConfig
-from jax_specdec.schedules import Auto, Confidence, Constant, as_schedule
+from jax_specdec.schedules import Auto
 from jax_specdec.sharding import check_mesh, kv_repeats, place_rows, repeat_kv_heads, shard_state
 
 __all__ = ["Generator"]
 
 GREEDY = SamplingConfig(temperature=0.0)
-CHAIN_RULES = (accept_with_noise, accept_block_with_noise)
 
 
 class Generator:
@@ -119,9 +123,9 @@ class Generator:
         self.vocab_size = target.config.vocab_size
         self.drafter, self.schedule, self.tree = None, None, None
         if draft is not None:
-            self._set_drafter(draft, _schedule(num_draft_tokens, schedule, tree), vocab_size)
+            self._set_drafter(draft, resolve_schedule(num_draft_tokens, schedule, tree), vocab_size)
             if isinstance(self.schedule, Auto):  # a tree joins the menu
-                self.schedule = _menu_tree(self.schedule, tree, self.drafter)
+                self.schedule = menu_tree(self.schedule, tree, self.drafter)
             elif tree is not None:
                 self.tree = as_tree(tree, self.schedule, self.drafter)
         elif any(a is not None for a in (schedule, num_draft_tokens, vocab_size, tree)):
@@ -130,7 +134,7 @@ class Generator:
         if not 0 <= check_int("pad_token_id", pad_token_id, 0) < self.vocab_size:
             raise ValueError(f"pad_token_id must lie in [0, {self.vocab_size}), got {pad_token_id}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.acceptance = _acceptance_rule(acceptance, _rule, self.tree)
+        self.acceptance = acceptance_rule(acceptance, _rule, self.tree)
         self._tree_rule = accept_tree if _tree_rule is None else _tree_rule  # auto's tree
         if device_memory is not None:
             check_int("device_memory", device_memory, 1)
@@ -273,7 +277,7 @@ class Generator:
             target_def=self._defs[0],
             draft_def=self._defs[1],
             drafter=self.drafter,
-            schedule=_static(self.schedule),
+            schedule=static_schedule(self.schedule),
             max_new_tokens=request.max_new_tokens,
             eos_token_id=self._stop_ids,
             vocab_size=self.vocab_size,
@@ -331,74 +335,6 @@ class Generator:
             stop_sequences=stop_sequences,
         )
         return _checked(run())
-
-
-def _static(schedule):
-    """The schedule as the program sees it: `Auto`'s costs are an input, not part of it."""
-    if isinstance(schedule, Auto):
-        return dataclasses.replace(schedule, round_costs=None)
-    return schedule
-
-
-def _menu_tree(schedule: Auto, tree, drafter) -> Auto:
-    """`schedule` with `tree` (an int N: `Tree(N, min(N, 4, its widest width))`; or
-    `schedule.tree`) on its menu, checked against the drafter as a tree round's
-    (`as_tree`)."""
-    if tree is None and schedule.tree is None:
-        return schedule
-    if tree is not None and schedule.tree is not None:
-        raise ValueError("give the tree once: as tree=... or as Auto(tree=...), not both")
-    tree = schedule.tree if tree is None else tree
-    if not isinstance(tree, Tree) and isinstance(tree, int) and not isinstance(tree, bool):
-        tree = Tree(tree, min(tree, 4, schedule.max_gamma)) if tree >= 1 else tree
-    depth = tree.depth if isinstance(tree, Tree) else 1
-    tree = as_tree(tree, Constant(depth), drafter)
-    return dataclasses.replace(schedule, tree=tree)
-
-
-def _schedule(num_draft_tokens, schedule, tree):
-    """The schedule the arguments ask for: `Auto()` by default (or "auto"); a tree round's
-    depth (4 for `tree=N`) when a tree is given alone (with "auto", the tree joins
-    `Auto`'s menu: `_menu_tree`)."""
-    if schedule is None and num_draft_tokens is None:
-        if tree is None:
-            return Auto()
-        return as_schedule(tree.depth if isinstance(tree, Tree) else 4)
-    if isinstance(schedule, str):
-        if schedule != "auto":
-            raise TypeError(
-                f"schedule must be an int γ >= 1, 'auto' or a schedule (Auto, Constant, "
-                f"Heuristic, CostModel, Custom, ...), got {schedule!r}"
-            )
-        schedule = Auto()
-    if num_draft_tokens is not None:
-        if schedule is not None:
-            raise ValueError(
-                "pass either num_draft_tokens or schedule, not both "
-                "(num_draft_tokens=k is schedule=k)"
-            )
-        return Constant(check_int("num_draft_tokens", num_draft_tokens, 1))
-    if isinstance(schedule, Confidence):  # a way of drafting, checked by the Generator
-        return schedule
-    return as_schedule(schedule)
-
-
-def _acceptance_rule(acceptance: str, rule: Callable | None, tree) -> Callable:
-    """The rule the program applies. `rule` (Generator's `_rule`) replaces it: a hook for
-    the tests, which show that the exactness harness catches a wrong rule."""
-    if acceptance not in ("token", "block"):
-        raise ValueError(f"acceptance must be 'token' or 'block', got {acceptance!r}")
-    if acceptance == "block" and tree is not None:
-        raise ValueError("acceptance block is for chains; a tree round walks its tree")
-    if rule is None:
-        if tree is not None:
-            return accept_tree
-        return accept_with_noise if acceptance == "token" else accept_block_with_noise
-    if tree is not None and rule in CHAIN_RULES:
-        raise ValueError(f"acceptance {rule.__name__} is a chain's rule; tree rounds walk")
-    if not callable(rule):
-        raise TypeError(f"_rule must be a function, got {type(rule).__name__}")
-    return rule
 
 
 def _logprob_bytes(config: LoopConfig, rows: int, prompts: int) -> int:
