@@ -174,6 +174,34 @@ def test_costs_solve_rounds_of_mixed_widths():
     np.testing.assert_allclose(solved, [1.0, 2.0, 1.0])
 
 
+def test_each_width_costs_its_fastest_pass(target, draft, monkeypatch):
+    """A slow spell of a shared machine only adds time: each measuring run counts its
+    fastest pass (a median of these passes would take the slow ones)."""
+    from jax_specdec.bench import timing
+
+    schedule = Auto(widths=(0, 2))
+    run = Generator(target, draft, schedule=schedule).bind(
+        ragged_prompts(2, VOCAB, seed=3), key=jax.random.key(0), max_new_tokens=10
+    )
+    passes = [(0.1, 0.9, 0.9), (1.1, 3.0, 3.0), (3.0, 0.6, 3.0)]  # prefill, width 0, 2
+
+    def fake(runs, repeats):
+        assert len(runs) == len(passes) and repeats == auto_costs.REPEATS
+        made = [timing.Timing(9.0, float(np.median(t)), t) for t in passes]
+        return [timing.Measurement(t, r()) for t, r in zip(made, runs, strict=True)]
+
+    monkeypatch.setattr(timing, "measure", fake)
+    per_width, *_ = auto_costs.measure(run, schedule)
+    forced = [
+        auto_costs._with_input(run, schedule.forcing(w), np.minimum(run.args.budgets, 24))
+        for w in schedule.widths
+    ]
+    rounds = [
+        int(np.asarray(f().stats.gamma_rounds)[w]) for f, w in zip(forced, (0, 2), strict=True)
+    ]
+    np.testing.assert_allclose(per_width, [1.0 / rounds[0], 0.5 / rounds[1]], rtol=1e-6)
+
+
 def test_slots_and_short_calls(target, draft, costs_folder):
     """With slots only the first slots' prompts run in the measuring runs, and the
     output is still the greedy tokens; a call too short for every width to run 4

@@ -5,7 +5,8 @@ A round's cost depends on the device, the models, the drafter, the batch and the
 length, so it is measured where it runs: the bound program is run with each width of
 the menu forced in turn (inputs that make only that width affordable: the same compiled
 program, nothing else to compile), on the call's own prompts for `TOKENS` tokens per
-row, and once for 1 token (the prefill alone); `REPEATS` interleaved passes, medians.
+row, and once for 1 token (the prefill alone); `REPEATS` interleaved passes, each run's
+fastest (a shared machine's slow spells only add time).
 The costs solve: each run − the prefill run = its rounds of each width × that width's
 cost (for a drafter that drafts what it is asked: the run's time over its rounds). The
 acceptance of each draft position in those runs becomes the prior `Auto` starts each
@@ -45,7 +46,7 @@ __all__ = ["FOLDER_ENV", "REPEATS", "TOKENS", "Costs", "cache_key", "measure", "
 
 FOLDER_ENV = "JAX_SPECDEC_ROUND_COSTS"
 TOKENS = 24  # tokens per row of a measuring run
-REPEATS = 2  # interleaved passes over the runs
+REPEATS = 3  # interleaved passes over the runs (each run's fastest counts)
 SMOOTHING = 4.0  # tries of the overall rate added to each position's acceptance
 MIN_ROUNDS = 4  # rounds each forced width must run for its cost to be cached
 # Settings read where the program is built that change what it costs.
@@ -121,11 +122,12 @@ def measure(run: Run, schedule: Auto, tokens: int = TOKENS, repeats: int = REPEA
     # Each run once (the first compiles), then `repeats` interleaved passes.
     timed = interleaved([functools.partial(_generate, r) for r in runs], repeats)
     outputs = [m.output for m in timed]
-    prefill = timed[0].seconds
+    fastest = [min(m.timing.runs) for m in timed]
+    prefill = fastest[0]
     # [runs, menu shapes]: rounds of each width, then of the tree (gamma_rounds' last).
     rounds = np.stack([_local(o.stats.gamma_rounds) for o in outputs[1:]]).astype(np.float64)
     rounds = rounds[:, [*schedule.widths] + ([-1] if schedule.tree else [])]
-    spent = np.array([max(m.seconds - prefill, 1e-9) for m in timed[1:]])
+    spent = np.array([max(seconds - prefill, 1e-9) for seconds in fastest[1:]])
     per_width = _solve(rounds, spent)
     steady = bool(np.all(np.diag(rounds) >= MIN_ROUNDS))
     chains, trees = outputs[1 : len(schedule.widths) + 1], outputs[len(schedule.widths) + 1 :]

@@ -32,7 +32,7 @@ from jax_specdec.decode.state import (
 )
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.decode.tree_accept import accept_tree
-from jax_specdec.decode.tree_round import walked_tree
+from jax_specdec.decode.tree_round import tree_noise, walked_tree
 from jax_specdec.decode.verify import verify
 from jax_specdec.nn import write_entries
 from jax_specdec.penalties import adjust
@@ -121,8 +121,9 @@ def _menu_tree(target, draft, target_cache, draft_cache, light, *, prepared, con
     entries: a drafter that builds trees keeps none)."""
     rule = config.menu_acceptance or accept_tree
     tree_config = dataclasses.replace(config, tree=config.menu_tree, acceptance=rule)
+    noise = tree_noise(light, tree_config)
     light, walked, features = walked_tree(
-        target, draft, target_cache, draft_cache, light, prepared, tree_config, menu=True
+        target, draft, target_cache, draft_cache, light, prepared, noise, tree_config, menu=True
     )
     size = config.gamma_max + 1
     if features is not None:

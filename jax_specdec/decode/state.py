@@ -250,21 +250,21 @@ def record_round(
     s = state.stats
     on = active.astype(jnp.int32)
     ended = (accepted < counts)[:, None]
+    positions = lambda counter: jnp.arange(counter.shape[1], dtype=jnp.int32)[None]  # noqa: E731
 
-    def positions(tried, kept, first_rejected):
-        at = jnp.arange(kept.shape[1], dtype=jnp.int32)[None]
-        tried = tried + (at < counts[:, None]) * on[:, None]
+    def outcomes(kept, first_rejected):  # per position: accepted, and the first rejected
+        at = positions(kept)
         kept = kept + (at < accepted[:, None]) * on[:, None]
-        first_rejected = first_rejected + ((at == accepted[:, None]) & ended) * on[:, None]
-        return tried, kept, first_rejected
+        return kept, first_rejected + ((at == accepted[:, None]) & ended) * on[:, None]
 
     if menu_tree:
-        _, tree_accepted, tree_rejected = positions(0, s.tree_accepted_at, s.tree_rejected_at)
-        per_position = dict(tree_accepted_at=tree_accepted, tree_rejected_at=tree_rejected)
+        kept, rejected = outcomes(s.tree_accepted_at, s.tree_rejected_at)
+        per_position = dict(tree_accepted_at=kept, tree_rejected_at=rejected)
         width = s.gamma_rounds.shape[0] - 1
     else:
-        drafted_at, accepted_at, rejected_at = positions(s.drafted_at, s.accepted_at, s.rejected_at)
-        per_position = dict(drafted_at=drafted_at, accepted_at=accepted_at, rejected_at=rejected_at)
+        kept, rejected = outcomes(s.accepted_at, s.rejected_at)
+        drafted_at = s.drafted_at + (positions(s.drafted_at) < counts[:, None]) * on[:, None]
+        per_position = dict(drafted_at=drafted_at, accepted_at=kept, rejected_at=rejected)
     stats = s.replace(
         **per_position,
         rounds=s.rounds + on,

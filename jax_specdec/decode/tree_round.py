@@ -38,10 +38,10 @@ from jax_specdec.decode.tree import (
 from jax_specdec.nn import write_entries
 from jax_specdec.penalties import adjust
 
-__all__ = ["tree_round"]
+__all__ = ["tree_noise", "tree_round", "walked_tree"]
 
 
-def _noise(state: LoopState, config: LoopConfig):
+def tree_noise(state: LoopState, config: LoopConfig):
     """(draft keys [B, D], node draws [B, N + 1, 2]) of the rows' round: fold_in(keys[b],
     round) split into a drafting and an acceptance key, as a chain round splits it."""
     tree, batch = config.tree, state.keys.shape[0]
@@ -86,19 +86,19 @@ def verify_tree(target, cache, state: LoopState, proposal: TreeProposal, mask, d
 def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState:
     """One round: draft a tree, verify it in one call, walk it, write the walked entries."""
     drafter, depth = config.drafter, config.tree.depth
-    draft_keys, _ = _noise(state, config)
+    noise = tree_noise(state, config)
     inputs = DraftInputs(
         state.tokens,
         state.lengths,
         state.done,
-        draft_keys,
+        noise[0],
         jnp.int32(depth),
         drafter_sampling(state),
     )
     draft_cache, prepared, _ = drafter.prepare(draft, state.draft_cache, inputs, config)
     light = state.replace(target_cache=None, draft_cache=None)
     light, walked, features = walked_tree(
-        target, draft, state.target_cache, draft_cache, light, prepared, config
+        target, draft, state.target_cache, draft_cache, light, prepared, noise, config
     )
     before, after = state.lengths, light.lengths
     target_cache = write_entries(state.target_cache, *walked, written_after(before - 1, after))
@@ -109,14 +109,17 @@ def tree_round(target, draft, state: LoopState, config: LoopConfig) -> LoopState
     )
 
 
-def walked_tree(target, draft, target_cache, draft_cache, light, prepared, config, menu=False):
+def walked_tree(
+    target, draft, target_cache, draft_cache, light, prepared, noise, config, menu=False
+):
     """A tree round up to its cache writes, both caches only read: the drafter's tree
-    (`config.tree`; `prepared`: its `prepare` output for the round), the verify call,
+    (`config.tree`; `prepared`: its `prepare` output for the round; `noise`: the round's
+    `tree_noise`), the verify call,
     the walk, the emitted tokens and the round's counts (`menu`: as a tree round of
     `Auto`'s menu, `record_round`). Returns (the state after, the walked nodes' entries
     per layer [B, D + 1, K, hd] root first, their features [B, D + 1, D'] or None)."""
     drafter, depth = config.drafter, config.tree.depth
-    draft_keys, draws = _noise(light, config)
+    draft_keys, draws = noise
     active = ~light.done
     inputs = DraftInputs(
         light.tokens,

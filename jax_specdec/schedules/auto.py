@@ -12,7 +12,7 @@ import numpy as np
 
 from jax_specdec.decode.tree import Tree
 from jax_specdec.schedules.base import ScheduleStats
-from jax_specdec.schedules.cost_model import CostModel
+from jax_specdec.schedules.cost_model import CostModel, fastest
 
 __all__ = ["UNLISTED", "Auto", "AutoInputs"]
 
@@ -169,15 +169,11 @@ class Auto:
 
     def forcing(self, width: int) -> AutoInputs:
         """Inputs under which every round runs at `width` (`tree_choice`: the tree's)."""
-        costs = np.full(self.max_gamma + 2, UNLISTED, np.float32)
-        costs[width] = 1.0
-        return AutoInputs(
-            costs[:-1],
-            np.full(self.max_gamma, 0.5, np.float32),
-            np.bool_(False),
-            costs[-1],
-            np.full(self.tree_depth, 0.5, np.float32),
-        )
+        shapes = self.widths + ((self.tree_choice,) if self.tree is not None else ())
+        if width not in shapes:
+            raise ValueError(f"Auto.forcing: {width} is not on the menu {shapes}")
+        per_width = [1.0 if shape == width else UNLISTED for shape in shapes]
+        return self.inputs(per_width, alpha=0.5, tree_alpha=0.5)._replace(ramp=np.bool_(False))
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:
         if stats.auto is None:
@@ -192,7 +188,8 @@ class Auto:
         if self.tree is None:
             return model.choose(stats, costs, prior=stats.auto.alpha, optimism=optimism)
         chains = model.rounds(stats, stats.auto.alpha, optimism) * costs
-        return _with_tree(chains, self._tree_rounds(stats) * stats.auto.tree_cost, stats)
+        tree = self._tree_rounds(stats) * stats.auto.tree_cost  # its choice: max_gamma + 1
+        return fastest(jnp.concatenate([chains, tree[None]]), stats)
 
     def _tree_rounds(self, stats: ScheduleStats) -> jax.Array:
         """[] expected rounds until the batch is done, every round the tree's: its walk's
@@ -221,10 +218,3 @@ def _depth(accepted_at, rejected_at) -> jax.Array:
     """[] how many draft positions, from the first on, some row has tried."""
     tried = jnp.sum(accepted_at + rejected_at, axis=0) > 0
     return jnp.sum(jnp.cumprod(tried.astype(jnp.int32)))
-
-
-def _with_tree(chains: jax.Array, tree: jax.Array, stats: ScheduleStats) -> jax.Array:
-    """[B] the best of the chains' expected times [max_gamma + 1] and the tree's [], every
-    row alike: the tree's choice is max_gamma + 1."""
-    best = jnp.argmin(jnp.concatenate([chains, tree[None]])).astype(jnp.int32)
-    return jnp.full(stats.active.shape, best, jnp.int32)

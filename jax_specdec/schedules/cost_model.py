@@ -11,7 +11,7 @@ import numpy as np
 
 from jax_specdec.schedules.base import ScheduleStats
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "fastest"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +153,13 @@ class CostModel:
                 f"CostModel: stats are for max_gamma {stats.accepted_at.shape[-1]}, "
                 f"the model for {self.max_gamma}"
             )
-        best = jnp.argmin(self.rounds(stats, prior, optimism) * costs).astype(jnp.int32)
-        return jnp.full(stats.active.shape, best, jnp.int32)
+        return fastest(self.rounds(stats, prior, optimism) * costs, stats)
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:
         return self.choose(stats, self.costs())
+
+
+def fastest(times: jax.Array, stats: ScheduleStats) -> jax.Array:
+    """[B] the index of the least of `times` (expected seconds until the batch is done,
+    one per choice), every row alike."""
+    return jnp.full(stats.active.shape, jnp.argmin(times), jnp.int32)
