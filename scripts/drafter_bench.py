@@ -150,6 +150,7 @@ def run_batch(args, gens, chunk, width, key) -> tuple[list[dict], list]:
             m = timed[i]
             entry["seconds"] = round(m.seconds, 4)
             entry["speedup"] = round(timed[0].seconds / m.seconds, 3)
+            entry["fastest_s"] = round(min(m.timing.runs), 4)
             entry["tokens_per_s"] = round(m.tokens_per_second, 1)
             entry["compile_s"] = round(m.timing.compile, 2)
             entry["setup_s"] = round(binds[i] + m.timing.compile, 2)  # with auto's measuring
@@ -201,7 +202,9 @@ def check_reference(args, target, head, out, prompt, width) -> dict:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Each setting over all batches: tokens per round, speedup (autoregressive seconds
-    over the setting's, each summed over batches) and tokens per second."""
+    over the setting's, each summed over batches: medians, and `speedup_fastest` from
+    each run's fastest pass, which a machine's slow spells do not reach) and tokens per
+    second."""
     summary = []
     for i, first in enumerate(rows[0]["settings"]):
         parts = [row["settings"][i] for row in rows]
@@ -212,6 +215,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             seconds = sum(p["seconds"] for p in parts)
             ar = sum(row["settings"][0]["seconds"] for row in rows)
             entry["speedup"] = round(ar / seconds, 3)
+            fastest = sum(row["settings"][0]["fastest_s"] for row in rows)
+            entry["speedup_fastest"] = round(fastest / sum(p["fastest_s"] for p in parts), 3)
             entry["tokens_per_s"] = round(sum(p["tokens"] for p in parts) / seconds, 1)
         summary.append(entry)
     return summary

@@ -47,6 +47,8 @@ def test_timed_draft_model_against_ngram(tmp_path):
     assert 1.0 <= draft["tokens_per_round"] <= 3.0
     # the summary over one batch is that batch
     assert result["summary"][1]["tokens_per_round"] == draft["tokens_per_round"]
+    fastest = ar["fastest_s"] / draft["fastest_s"]
+    assert result["summary"][1]["speedup_fastest"] == pytest.approx(fastest, abs=2e-3)
 
 
 @pytest.mark.slow
