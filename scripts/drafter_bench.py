@@ -150,7 +150,7 @@ def run_batch(args, gens, chunk, width, key) -> tuple[list[dict], list]:
             m = timed[i]
             entry["seconds"] = round(m.seconds, 4)
             entry["speedup"] = round(timed[0].seconds / m.seconds, 3)
-            entry["fastest_s"] = round(min(m.timing.runs), 4)
+            entry["fastest_s"] = round(min(m.timing.runs), 6)
             entry["tokens_per_s"] = round(m.tokens_per_second, 1)
             entry["compile_s"] = round(m.timing.compile, 2)
             entry["setup_s"] = round(binds[i] + m.timing.compile, 2)  # with auto's measuring

@@ -23,6 +23,7 @@ from test_drafter_contract import resample_from_p
 
 from jax_specdec import Generator, SamplingConfig, autoregressive_generate
 from jax_specdec.decode import auto_costs, program
+from jax_specdec.decode.tree import Tree
 from jax_specdec.schedules import Auto, Constant
 
 T1 = SamplingConfig(1.0)
@@ -54,7 +55,7 @@ def test_auto_is_the_default_with_a_drafter(target, draft):
 
 
 def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_folder):
-    generator = Generator(target, draft, schedule=Auto(widths=(0, 1, 3)))
+    generator = Generator(target, draft, schedule=Auto(widths=(0, 1, 3), fallback=False))
     prompts = ragged_prompts(3, VOCAB, seed=1)
     before = program.generate._cache_size()
     run = generator.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
@@ -69,7 +70,7 @@ def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_fol
     np.testing.assert_allclose(record["seconds_per_round"], costs.per_width)
     np.testing.assert_allclose(record["acceptance_per_position"], costs.alpha)
     # The same shape again: read from the file, nothing measured, nothing compiled.
-    again = Generator(target, draft, schedule=Auto(widths=(0, 1, 3)))
+    again = Generator(target, draft, schedule=Auto(widths=(0, 1, 3), fallback=False))
     with count_compiles() as compiled:
         run2 = again.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
         out2 = run2()
@@ -87,7 +88,7 @@ def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_fol
 
 
 def test_a_measuring_run_holds_its_width(target, draft, costs_folder):
-    schedule = Auto(widths=(0, 2, 4))
+    schedule = Auto(widths=(0, 2, 4), fallback=False)
     run = Generator(target, draft, schedule=schedule).bind(
         ragged_prompts(4, VOCAB, seed=2), key=jax.random.key(1), max_new_tokens=10
     )
@@ -100,11 +101,25 @@ def test_a_measuring_run_holds_its_width(target, draft, costs_folder):
 def test_auto_switches_drafting_off_where_it_does_not_pay(target, draft):
     prompts = ragged_prompts(4, VOCAB, seed=3)
     common = dict(key=jax.random.key(2), max_new_tokens=16, sampling=SamplingConfig(0.0))
-    dear = Auto(widths=(0, 2, 4), round_costs=(1.0, 4.0, 6.0))  # a verify at 4-6 steps
-    out = Generator(target, draft, schedule=dear)(prompts, **common)
+    costs = (1.0, 4.0, 6.0)  # a verify at 4-6 steps: no width pays
+    own = Generator(
+        target, draft, schedule=Auto(widths=(0, 2, 4), round_costs=costs, fallback=False)
+    )
+    out = own(prompts, **common)
     ar = autoregressive_generate(target, prompts, **common)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-    assert np.asarray(out.stats.gamma_rounds).tolist() == [15, 0, 0, 0, 0]
+    assert np.asarray(out.stats.gamma_rounds).tolist() == [15, 0, 0, 0, 0]  # plain steps
+    # By default such a call runs autoregressive decoding's own program: its tokens at
+    # T = 1 too (greedy last: `ar` below), with no drafter in it.
+    dear = Generator(target, draft, schedule=Auto(widths=(0, 2, 4), round_costs=costs))
+    for sampling in (T1, SamplingConfig(0.0)):
+        common["sampling"] = sampling
+        run = dear.bind(prompts, **common)
+        assert run.config.drafter is None and run.args.auto is None
+        assert run.round_costs.per_width == costs
+        out, ar = run(), autoregressive_generate(target, prompts, **common)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+        assert np.asarray(out.stats.gamma_rounds).shape == (1,)  # the program's own stats
     cheap = Auto(widths=(0, 2, 4), round_costs=(1.0, 1.01, 1.02))  # drafting nearly free
     out = Generator(target, draft, schedule=cheap)(prompts, **common)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
@@ -132,7 +147,7 @@ def test_a_wrong_rule_fails_under_auto(target, draft):
 def test_the_prior_is_the_measured_acceptance(target, costs_folder):
     """The target as its own draft: q = p, so every draft position is accepted in the
     measuring runs and the prior is the cap, 0.99, at every position."""
-    run = Generator(target, target, schedule=Auto(widths=(0, 2, 3))).bind(
+    run = Generator(target, target, schedule=Auto(widths=(0, 2, 3), fallback=False)).bind(
         ragged_prompts(2, VOCAB, seed=4),
         key=jax.random.key(5),
         max_new_tokens=8,
@@ -140,6 +155,25 @@ def test_the_prior_is_the_measured_acceptance(target, costs_folder):
     )
     assert run.round_costs.alpha == (0.99, 0.99, 0.99)
     np.testing.assert_allclose(np.asarray(run.args.auto.alpha), 0.99)
+
+
+def test_the_first_round_drafts_where_some_shape_pays():
+    """`Auto.drafts_first`: the choice before any round, from the costs and the prior."""
+    cheap = Auto(widths=(0, 2, 4), round_costs=(1.0, 1.1, 1.2))
+    dear = Auto(widths=(0, 2, 4), round_costs=(1.0, 4.0, 6.0))
+    for schedule, budgets, drafts in (
+        (cheap, [16, 16], True),
+        (cheap, [1, 1], False),  # every row done at its first token
+        (dear, [16, 16], False),
+        (dear, [16, 0], False),
+    ):
+        inputs = schedule.inputs(schedule.round_costs)
+        assert schedule.drafts_first(inputs, budgets) == drafts, (schedule, budgets)
+    # A low prior turns a cheap menu off; a tree that pays turns a dear one on.
+    low = cheap.inputs(cheap.round_costs, alpha=[0.05] * 4)
+    assert not cheap.drafts_first(low, [16, 16])
+    tree = Auto(widths=(0, 2), tree=Tree(6, 2, 2), round_costs=(1.0, 4.0, 1.2))
+    assert tree.drafts_first(tree.inputs(tree.round_costs), [16])
 
 
 def test_widths_grow_one_step_past_the_positions_tried():
@@ -174,13 +208,14 @@ def test_costs_solve_rounds_of_mixed_widths():
     np.testing.assert_allclose(solved, [1.0, 2.0, 1.0])
 
 
-def test_each_width_costs_its_fastest_pass(target, draft, monkeypatch):
+def test_each_width_costs_its_fastest_pass(target, draft, costs_folder, monkeypatch):
     """A slow spell of a shared machine only adds time: each measuring run counts its
     fastest pass (a median of these passes would take the slow ones)."""
     from jax_specdec.bench import timing
 
     schedule = Auto(widths=(0, 2))
-    run = Generator(target, draft, schedule=schedule).bind(
+    given = Auto(widths=(0, 2), round_costs=(1.0, 1.0), fallback=False)  # nothing timed
+    run = Generator(target, draft, schedule=given).bind(
         ragged_prompts(2, VOCAB, seed=3), key=jax.random.key(0), max_new_tokens=10
     )
     passes = [(0.1, 0.9, 0.9), (1.1, 3.0, 3.0), (3.0, 0.6, 3.0)]  # prefill, width 0, 2

@@ -112,7 +112,7 @@ def test_samples_follow_the_target_with_tree_and_chain_rounds_in_a_row(target, h
 
 
 def test_the_trees_cost_and_walk_are_measured_and_cached(target, head, costs_folder):
-    schedule = Auto(widths=(0, 2), tree=Tree(4, 2, 2))
+    schedule = Auto(widths=(0, 2), tree=Tree(4, 2, 2), fallback=False)
     prompts = ragged_prompts(3, VOCAB, seed=1)
     before = program.generate._cache_size()
     run = Generator(target, head, schedule=schedule).bind(

@@ -311,7 +311,7 @@ def test_the_auto_line_says_what_was_chosen_and_from_where():
 
     summary = {
         "rounds_per_width": {0: 3, 2: 10},
-        "round_costs": {"source": "measured", "measuring_seconds": 12.34},
+        "round_costs": {"source": "measured", "measuring_seconds": 12.34, "drafts": True},
         "setup_seconds": 40.0,
     }
     line = _auto_line(summary)
@@ -320,3 +320,8 @@ def test_the_auto_line_says_what_was_chosen_and_from_where():
     summary["round_costs"]["source"] = "cache"
     del summary["setup_seconds"]
     assert "read from the cache" in _auto_line(summary) and "compiling" not in _auto_line(summary)
+    summary |= {"rounds_per_width": {0: 13}}
+    summary["round_costs"]["drafts"] = False  # autoregressive decoding's program ran
+    line = _auto_line(summary)
+    assert line.startswith("auto: no draft width pays at the first round")
+    assert "autoregressive decoding's program, 13 steps" in line

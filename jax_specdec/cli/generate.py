@@ -127,8 +127,9 @@ def _generate(settings: DecodeSettings, args, loaded, ids, mesh) -> dict:
     bound = time.perf_counter() - start  # with auto: compiling and measuring the costs
     if args.verbose:
         print(run.memory_plan.describe(), file=sys.stderr)
-    menu_tree = getattr(spec.schedule, "tree", None)
+    menu_tree = run.config.menu_tree  # None also where auto runs autoregressive decoding
     extra = {"stop_ids": spec.stop_ids, "round_costs": run.round_costs, "menu_tree": menu_tree}
+    extra["drafts"] = run.config.speculative
     if not args.compare:
         start = time.perf_counter()
         out = jax.block_until_ready(run())
@@ -194,6 +195,7 @@ def _summary(result: dict) -> dict:
         if tree:
             summary["round_costs"]["tree_acceptance_prior"] = costs.tree_alpha
         summary["round_costs"] |= {"source": costs.source, "measuring_seconds": costs.seconds}
+        summary["round_costs"]["drafts"] = result["drafts"]
     if "ar" in result:
         ar = result["ar"]
         summary["setup_seconds"] = result["setup"]
@@ -275,6 +277,12 @@ def _auto_line(summary: dict) -> str:
     where = {"cache": "read from the cache", "given": "given"}.get(costs["source"])
     where = where or f"measured in {costs['measuring_seconds']:.1f} s, cached"
     line = f"auto: rounds per draft width {{{chosen}}} (0: a plain step) · round costs {where}"
+    if not costs["drafts"]:
+        line = (
+            "auto: no draft width pays at the first round (its costs, the prior's acceptance): "
+            f"autoregressive decoding's program, {summary['rounds_per_width'].get(0, 0)} steps · "
+            f"round costs {where}"
+        )
     if "setup_seconds" in summary:
         line += f" · compiling{' and measuring' if costs['source'] == 'measured' else ''} "
         line += f"{summary['setup_seconds']:.1f} s"

@@ -239,6 +239,11 @@ class Generator:
         if isinstance(self.schedule, Auto):  # its costs: an input, measured once per shape
             models = [m for _, m in self._models]
             run, run.round_costs = with_round_costs(run, self.schedule, models)
+            costs = run.round_costs
+            inputs = self.schedule.inputs(costs.per_width, costs.alpha, costs.tree_alpha)
+            starting = request.budgets if order is None else request.budgets[order][:num_slots]
+            if self.schedule.fallback and not self.schedule.drafts_first(inputs, starting):
+                run = run.autoregressive()
         return run
 
     def _with_stops(self, request: Request, stop_sequences) -> Request:

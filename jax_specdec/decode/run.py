@@ -3,6 +3,8 @@ and the array arguments of the compiled program."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -77,6 +79,17 @@ class Run:
         inverse = None if self._inverse is None else np.asarray(self._inverse)
         out = _replicated(self.args, inverse, config=self.config)
         return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), out)
+
+    def autoregressive(self) -> Run:
+        """This call as autoregressive decoding's program (no drafter: no draft prefill,
+        no round switch; `round_costs` kept): `Generator` runs it where `Auto`'s first
+        round would not draft (`Auto.drafts_first`)."""
+        out = copy.copy(self)
+        out.config = dataclasses.replace(
+            self.config, draft_def=None, drafter=None, schedule=None, menu_acceptance=None
+        )
+        out.args = self.args._replace(draft_state=None, auto=None)
+        return out
 
     def lower(self) -> jax.stages.Lowered:
         """The lowered program, e.g. `run.lower().compile().as_text()` for its HLO."""

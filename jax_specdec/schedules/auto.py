@@ -80,6 +80,12 @@ class Auto:
 
     Each width on the menu (and the tree) is a branch of the round's switch, compiled
     with the program.
+
+    `fallback`: where the first round would not draft for any row (`drafts_first`: the
+    measured costs and prior say no shape pays), the call runs autoregressive decoding's
+    program instead, with no drafter (no draft prefill, no round switch); in auto's own
+    program such a call would run plain steps only, since no row then shows any
+    acceptance. False keeps auto's own program.
     """
 
     widths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
@@ -88,6 +94,7 @@ class Auto:
     prior_weight: float = 4.0
     explore: float = 1.0
     tree: Tree | None = None
+    fallback: bool = True
 
     min_gamma = 0
 
@@ -174,6 +181,36 @@ class Auto:
             raise ValueError(f"Auto.forcing: {width} is not on the menu {shapes}")
         per_width = [1.0 if shape == width else UNLISTED for shape in shapes]
         return self.inputs(per_width, alpha=0.5, tree_alpha=0.5)._replace(ramp=np.bool_(False))
+
+    def drafts_first(self, inputs: AutoInputs, budgets) -> bool:
+        """Whether the first round drafts for some row: this schedule's choice before
+        any round, from `inputs` (the prior's acceptance) with each row of `budgets`
+        [B] (max_new_tokens) having its first token. Where it does not, no row shows any
+        acceptance, so only the rows' remaining work could change the choice later: the
+        `Generator` then runs autoregressive decoding's program for the call."""
+        budgets = np.asarray(budgets, np.int32)
+        zeros = np.zeros(budgets.shape, np.int32)
+        per_position = lambda size: np.zeros((budgets.size, size), np.int32)  # noqa: E731
+        generated = np.minimum(budgets, 1)
+        stats = ScheduleStats(
+            round=np.int32(0),
+            active=budgets > generated,
+            generated=generated,
+            remaining=budgets - generated,
+            rounds=zeros,
+            drafted=zeros,
+            accepted=zeros,
+            rejected=zeros,
+            accepted_at=per_position(self.max_gamma),
+            rejected_at=per_position(self.max_gamma),
+            last_gamma=zeros,
+            last_accepted=zeros,
+            auto=AutoInputs(*(jnp.asarray(a) for a in inputs)),
+            tree_accepted_at=per_position(self.tree_depth),
+            tree_rejected_at=per_position(self.tree_depth),
+        )
+        chosen = np.broadcast_to(np.asarray(self(stats)), stats.active.shape)
+        return bool(np.any(chosen[stats.active] > 0))
 
     def __call__(self, stats: ScheduleStats) -> jax.Array:
         if stats.auto is None:
