@@ -116,6 +116,7 @@ def test_auto_switches_drafting_off_where_it_does_not_pay(target, draft):
         common["sampling"] = sampling
         run = dear.bind(prompts, **common)
         assert run.config.drafter is None and run.args.auto is None
+        assert run.cache_len == Generator(target).bind(prompts, **common).cache_len
         assert run.round_costs.per_width == costs
         out, ar = run(), autoregressive_generate(target, prompts, **common)
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))

@@ -85,8 +85,14 @@ class Run:
         no round switch; `round_costs` kept): `Generator` runs it where `Auto`'s first
         round would not draft (`Auto.drafts_first`)."""
         out = copy.copy(self)
+        plain = self.request.prompts.shape[1] + self.request.max_new_tokens  # no γ_max room
         out.config = dataclasses.replace(
-            self.config, draft_def=None, drafter=None, schedule=None, menu_acceptance=None
+            self.config,
+            draft_def=None,
+            drafter=None,
+            schedule=None,
+            menu_acceptance=None,
+            cache_len=min(self.config.cache_len, plain),
         )
         out.args = self.args._replace(draft_state=None, auto=None)
         return out
