@@ -188,27 +188,8 @@ class Auto:
         [B] (max_new_tokens) having its first token. Where it does not, no row shows any
         acceptance, so only the rows' remaining work could change the choice later: the
         `Generator` then runs autoregressive decoding's program for the call."""
-        budgets = np.asarray(budgets, np.int32)
-        zeros = np.zeros(budgets.shape, np.int32)
-        per_position = lambda size: np.zeros((budgets.size, size), np.int32)  # noqa: E731
-        generated = np.minimum(budgets, 1)
-        stats = ScheduleStats(
-            round=np.int32(0),
-            active=budgets > generated,
-            generated=generated,
-            remaining=budgets - generated,
-            rounds=zeros,
-            drafted=zeros,
-            accepted=zeros,
-            rejected=zeros,
-            accepted_at=per_position(self.max_gamma),
-            rejected_at=per_position(self.max_gamma),
-            last_gamma=zeros,
-            last_accepted=zeros,
-            auto=AutoInputs(*(jnp.asarray(a) for a in inputs)),
-            tree_accepted_at=per_position(self.tree_depth),
-            tree_rejected_at=per_position(self.tree_depth),
-        )
+        auto = AutoInputs(*(jnp.asarray(a) for a in inputs))
+        stats = ScheduleStats.first(budgets, self.max_gamma, self.tree_depth, auto)
         chosen = np.broadcast_to(np.asarray(self(stats)), stats.active.shape)
         return bool(np.any(chosen[stats.active] > 0))
 

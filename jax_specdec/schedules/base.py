@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 __all__ = ["ScheduleStats", "check_gamma"]
 
@@ -53,6 +54,32 @@ class ScheduleStats(NamedTuple):
     auto: Any = None
     tree_accepted_at: Any = None
     tree_rejected_at: Any = None
+
+    @classmethod
+    def first(cls, budgets, max_gamma: int, tree_depth: int = 0, auto=None) -> ScheduleStats:
+        """What a schedule sees at the first round (host arrays): each row of `budgets`
+        [B] (max_new_tokens) has its prefill's token and nothing else yet."""
+        budgets = np.asarray(budgets, np.int32)
+        zeros = np.zeros(budgets.shape, np.int32)
+        generated = np.minimum(budgets, 1)
+        positions = lambda size: np.zeros((budgets.size, size), np.int32)  # noqa: E731
+        return cls(
+            round=np.int32(0),
+            active=budgets > generated,
+            generated=generated,
+            remaining=budgets - generated,
+            rounds=zeros,
+            drafted=zeros,
+            accepted=zeros,
+            rejected=zeros,
+            accepted_at=positions(max_gamma),
+            rejected_at=positions(max_gamma),
+            last_gamma=zeros,
+            last_accepted=zeros,
+            auto=auto,
+            tree_accepted_at=positions(tree_depth),
+            tree_rejected_at=positions(tree_depth),
+        )
 
 
 def check_gamma(name: str, value, low: int = 1) -> int:
