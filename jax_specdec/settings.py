@@ -164,8 +164,8 @@ def round_args(num_draft_tokens, tree, acceptance: str) -> dict:
     return dict(num_draft_tokens=num_draft_tokens, tree=tree, acceptance=acceptance)
 
 
-def check_gamma_flag(value) -> int | str:
-    """--num-draft-tokens: "auto" or an int γ >= 1 (ValueError naming the flag)."""
+def check_gamma_flag(value, name: str = "--num-draft-tokens") -> int | str:
+    """--num-draft-tokens: "auto" or an int γ >= 1 (ValueError naming the flag, `name`)."""
     if value == "auto":
         return value
     try:
@@ -173,7 +173,7 @@ def check_gamma_flag(value) -> int | str:
     except (TypeError, ValueError):
         gamma = 0
     if isinstance(value, bool) or str(gamma) != str(value).strip() or gamma < 1:
-        raise ValueError(f"--num-draft-tokens must be 'auto' or an integer >= 1, got {value!r}")
+        raise ValueError(f"{name} must be 'auto' or an integer >= 1, got {value!r}")
     return gamma
 
 

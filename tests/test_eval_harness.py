@@ -118,3 +118,15 @@ def test_stop_strings_cut_the_text_at_the_first():
 def test_unknown_model_args_are_refused(pair):
     with pytest.raises(ValueError, match=r"unknown model_args \['colour'\]"):
         JaxSpecdecLM(target=str(pair / "target"), colour="red")
+
+
+def test_the_drafter_runs_auto_by_default_and_a_bad_width_is_named(pair):
+    from jax_specdec.schedules import Auto, Constant
+    from jax_specdec.sampling import SamplingConfig
+
+    args = dict(target=str(pair / "target"), draft=str(pair / "draft"))
+    assert isinstance(JaxSpecdecLM(**args)._generator(SamplingConfig()).schedule, Auto)
+    fixed = JaxSpecdecLM(num_draft_tokens="3", **args)._generator(SamplingConfig()).schedule
+    assert isinstance(fixed, Constant) and fixed.max_gamma == 3
+    with pytest.raises(ValueError, match=r"num_draft_tokens must be 'auto' or an integer"):
+        JaxSpecdecLM(num_draft_tokens="four", **args)

@@ -41,16 +41,17 @@ __all__ = ["JaxSpecdecLM"]
 class JaxSpecdecLM(TemplateLM):
     """A target (and its drafter) as an lm-eval model. Arguments (`--model_args`): `target`
     (a directory, .gguf, Hub id or zoo name), `draft` (as `generate --draft`; none:
-    autoregressive), `num_draft_tokens` (γ, default 4), `tree` (nodes; none: chains),
-    `batch_size` (default 8; also lm-eval's `--batch_size`), `max_length` (default the
-    models' context), `dtype`, `seed` (default 0). lm-eval's `device` and
-    `max_batch_size` are taken and not used: JAX places the arrays on its default device."""
+    autoregressive), `num_draft_tokens` ("auto", the default: `schedules.Auto`; or γ),
+    `tree` (nodes; none: chains), `batch_size` (default 8; also lm-eval's `--batch_size`),
+    `max_length` (default the models' context), `dtype`, `seed` (default 0). lm-eval's
+    `device` and `max_batch_size` are taken and not used: JAX places the arrays on its
+    default device."""
 
     def __init__(
         self,
         target: str,
         draft: str | None = None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | str = "auto",
         tree: int | None = None,
         batch_size: int | str = 8,
         max_length: int | None = None,
@@ -64,6 +65,7 @@ class JaxSpecdecLM(TemplateLM):
         from jax_specdec.io.draft import context, load_pair
         from jax_specdec.io.hf import load_model, load_tokenizer, stop_token_ids
         from jax_specdec.io.locate import locate
+        from jax_specdec.settings import check_gamma_flag
 
         if unused:
             raise ValueError(f"jax_specdec: unknown model_args {sorted(unused)}")
@@ -76,7 +78,8 @@ class JaxSpecdecLM(TemplateLM):
             self.model, self.drafter, self.tokenizer = loaded.target, loaded.draft, loaded.tokenizer
             directory = loaded.target_dir
         self.stops = stop_token_ids(directory) or None
-        self.gamma, self.tree = int(num_draft_tokens), None if tree in (None, "") else int(tree)
+        self.gamma = check_gamma_flag(num_draft_tokens, "num_draft_tokens")
+        self.tree = None if tree in (None, "") else int(tree)
         self.batch = int(batch_size) if str(batch_size) != "auto" else 8
         self.max_length = int(max_length or context(self.model, self.drafter))
         self.seed = int(seed)
