@@ -71,11 +71,13 @@ def _run_cache():
 _run_cache()
 # schedule="auto" measures round costs once per shape: into this run's own folder, so a
 # test never reads another run's (or the user's) measurements.
+# Made here, it is deleted when this process ends (the run cache's owner deletes both).
+_OWN_COSTS = None
+if "JAX_SPECDEC_ROUND_COSTS" not in os.environ and RUN_CACHE not in os.environ:
+    _OWN_COSTS = tempfile.mkdtemp(prefix="jax_specdec_costs_")
 os.environ.setdefault(
     "JAX_SPECDEC_ROUND_COSTS",
-    os.environ[RUN_CACHE] + "_round_costs"
-    if RUN_CACHE in os.environ
-    else tempfile.mkdtemp(prefix="jax_specdec_costs_"),
+    _OWN_COSTS or os.environ[RUN_CACHE] + "_round_costs",
 )
 if RUN_CACHE in os.environ:
     for name, value in (
@@ -89,6 +91,8 @@ if RUN_CACHE in os.environ:
 
 
 def pytest_unconfigure(config):
+    if _OWN_COSTS is not None:
+        shutil.rmtree(_OWN_COSTS, ignore_errors=True)
     if os.environ.get("JAX_SPECDEC_TEST_CACHE_OWNER") == str(os.getpid()):
         shutil.rmtree(os.environ[RUN_CACHE], ignore_errors=True)
         shutil.rmtree(os.environ[RUN_CACHE] + "_round_costs", ignore_errors=True)
