@@ -121,8 +121,8 @@ def test_unknown_model_args_are_refused(pair):
 
 
 def test_the_drafter_runs_auto_by_default_and_a_bad_width_is_named(pair):
-    from jax_specdec.schedules import Auto, Constant
     from jax_specdec.sampling import SamplingConfig
+    from jax_specdec.schedules import Auto, Constant
 
     args = dict(target=str(pair / "target"), draft=str(pair / "draft"))
     assert isinstance(JaxSpecdecLM(**args)._generator(SamplingConfig()).schedule, Auto)

@@ -42,10 +42,10 @@ class JaxSpecdecLM(TemplateLM):
     """A target (and its drafter) as an lm-eval model. Arguments (`--model_args`): `target`
     (a directory, .gguf, Hub id or zoo name), `draft` (as `generate --draft`; none:
     autoregressive), `num_draft_tokens` ("auto", the default: `schedules.Auto`; or γ),
-    `tree` (nodes; none: chains), `batch_size` (default 8; also lm-eval's `--batch_size`),
-    `max_length` (default the models' context), `dtype`, `seed` (default 0). lm-eval's
-    `device` and `max_batch_size` are taken and not used: JAX places the arrays on its
-    default device."""
+    `tree` (nodes: on auto's menu, or every round at depth γ; none: chains), `batch_size`
+    (default 8; also lm-eval's `--batch_size`), `max_length` (default the models'
+    context), `dtype`, `seed` (default 0). lm-eval's `device` and `max_batch_size` are
+    taken and not used: JAX places the arrays on its default device."""
 
     def __init__(
         self,
@@ -69,6 +69,7 @@ class JaxSpecdecLM(TemplateLM):
 
         if unused:
             raise ValueError(f"jax_specdec: unknown model_args {sorted(unused)}")
+        self.gamma = check_gamma_flag(num_draft_tokens, "num_draft_tokens")
         if draft in (None, "", "none"):
             directory = locate(target, "target")
             self.model, self.drafter = load_model(directory, dtype=dtype), None
@@ -78,7 +79,6 @@ class JaxSpecdecLM(TemplateLM):
             self.model, self.drafter, self.tokenizer = loaded.target, loaded.draft, loaded.tokenizer
             directory = loaded.target_dir
         self.stops = stop_token_ids(directory) or None
-        self.gamma = check_gamma_flag(num_draft_tokens, "num_draft_tokens")
         self.tree = None if tree in (None, "") else int(tree)
         self.batch = int(batch_size) if str(batch_size) != "auto" else 8
         self.max_length = int(max_length or context(self.model, self.drafter))
