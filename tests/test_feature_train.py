@@ -25,7 +25,7 @@ from jax_specdec.training.head_data import (
     kept_vocabulary,
     spread_windows,
 )
-from jax_specdec.training.head_recipe import DataConfig
+from jax_specdec.training.head_recipe import DataConfig, _record_start
 from jax_specdec.training.head_train import HeadTrainConfig, agreement, init_from_target, train_head
 
 VOCAB = 24
@@ -298,3 +298,23 @@ def test_cli_train_drafter_then_generate_with_it(pair, tmp_path, capsys):
     with pytest.raises(SystemExit):  # the first run's checkpoints did not start from a head
         main([*argv[:-4], "--work-dir", f"{out}.work", "--init", str(out), "--out", f"{out}.b"])
     assert "another --run-name" in capsys.readouterr().err
+
+
+def test_a_run_resumes_from_the_same_head_weights_wherever_they_lie(tmp_path):
+    run = tmp_path / "runs" / "r1"
+    head, copy, other = (tmp_path / name for name in ("head", "copy", "other"))
+    for path, data in ((head, b"weights"), (copy, b"weights"), (other, b"trained more")):
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(data)
+    _record_start(run, head)
+    run.mkdir()
+    (run / "100").mkdir()  # a checkpoint
+    _record_start(run, copy)  # the same weights at another path (a fresh checkout)
+    with pytest.raises(ValueError, match="other weights"):
+        _record_start(run, other)  # e.g. the head shipped after this run at the same path
+    with pytest.raises(ValueError, match="this command starts from the target"):
+        _record_start(run, None)
+    legacy = tmp_path / "runs" / "r1.start.json"  # recorded by path before the digest
+    legacy.write_text(json.dumps({"init": str(head.resolve())}) + "\n")
+    _record_start(run, head)
+    assert "init_sha256" in json.loads(legacy.read_text())

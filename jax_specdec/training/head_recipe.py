@@ -367,21 +367,38 @@ def _check_fits(path, theirs: FeatureHeadConfig, mine: FeatureHeadConfig) -> Non
 
 
 def _record_start(run_dir: pathlib.Path, init) -> None:
-    """Writes what the run in `run_dir` starts from beside it; a run that started from
-    something else (another head, or the target's rows) cannot be resumed from here."""
-    start = {"init": None if init is None else str(pathlib.Path(init).resolve())}
+    """Writes what the run in `run_dir` starts from beside it: the init head's path and
+    the SHA-256 of its weights file. A run that started from other weights (another
+    head, or the target's rows) cannot be resumed from here; the same head copied or
+    moved elsewhere can."""
+    start = {"init": None, "init_sha256": None}
+    if init is not None:
+        weights = pathlib.Path(init, "model.safetensors")
+        start = {"init": str(pathlib.Path(init).resolve()), "init_sha256": _sha256(weights)}
     record = run_dir.with_name(f"{run_dir.name}.start.json")
     if record.is_file():
         before = json.loads(record.read_text())
     else:  # a run from before these records started from the target's rows
         before = {"init": None} if run_dir.is_dir() and any(run_dir.iterdir()) else start
-    if before != start:
+    same = (
+        before["init_sha256"] == start["init_sha256"]
+        if "init_sha256" in before  # records before the digest name the head by path
+        else before["init"] == start["init"]
+    )
+    if not same:
         raise ValueError(
             f"run {run_dir} started from {before['init'] or 'the target'}; this command "
-            f"starts from {start['init'] or 'the target'}: give it another --run-name"
+            f"starts from {start['init'] or 'the target'}"
+            f"{' (other weights)' if before['init'] and start['init'] else ''}: "
+            "give it another --run-name"
         )
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(start) + "\n")
+
+
+def _sha256(path: pathlib.Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _training_record(path) -> dict | None:
