@@ -316,5 +316,11 @@ def test_a_run_resumes_from_the_same_head_weights_wherever_they_lie(tmp_path):
         _record_start(run, None)
     legacy = tmp_path / "runs" / "r1.start.json"  # recorded by path before the digest
     legacy.write_text(json.dumps({"init": str(head.resolve())}) + "\n")
-    _record_start(run, head)
-    assert "init_sha256" in json.loads(legacy.read_text())
+    _record_start(run, head)  # by path only, and the record is left as it was
+    assert json.loads(legacy.read_text()) == {"init": str(head.resolve())}
+    with pytest.raises(ValueError, match="copy \\(its record names the head by path\\)"):
+        _record_start(run, copy)  # the weights were never recorded: not compared
+    legacy.unlink()  # checkpoints and no record: a run from before the records
+    with pytest.raises(ValueError, match="started from the target"):
+        _record_start(run, head)
+    _record_start(run, None)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from jax_specdec.io.heads import load_head, load_head_config, save_head
+from jax_specdec.io.heads import WEIGHTS, load_head, load_head_config, save_head
 from jax_specdec.io.speculators import save_speculators
 from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
@@ -370,30 +370,31 @@ def _record_start(run_dir: pathlib.Path, init) -> None:
     """Writes what the run in `run_dir` starts from beside it: the init head's path and
     the SHA-256 of its weights file. A run that started from other weights (another
     head, or the target's rows) cannot be resumed from here; the same head copied or
-    moved elsewhere can."""
+    moved elsewhere can. A record from before the digest names the head by its path
+    only: such a run resumes from that path alone, and its record is kept as it is."""
     start = {"init": None, "init_sha256": None}
     if init is not None:
-        weights = pathlib.Path(init, "model.safetensors")
+        weights = pathlib.Path(init, WEIGHTS)
         start = {"init": str(pathlib.Path(init).resolve()), "init_sha256": _sha256(weights)}
     record = run_dir.with_name(f"{run_dir.name}.start.json")
     if record.is_file():
         before = json.loads(record.read_text())
     else:  # a run from before these records started from the target's rows
         before = {"init": None} if run_dir.is_dir() and any(run_dir.iterdir()) else start
-    same = (
-        before["init_sha256"] == start["init_sha256"]
-        if "init_sha256" in before  # records before the digest name the head by path
-        else before["init"] == start["init"]
-    )
-    if not same:
+    by_digest = "init_sha256" in before
+    field = "init_sha256" if by_digest else "init"
+    if before[field] != start[field]:
+        what = None
+        if before["init"] and start["init"]:
+            what = "other weights" if by_digest else "its record names the head by path"
         raise ValueError(
             f"run {run_dir} started from {before['init'] or 'the target'}; this command "
-            f"starts from {start['init'] or 'the target'}"
-            f"{' (other weights)' if before['init'] and start['init'] else ''}: "
+            f"starts from {start['init'] or 'the target'}{f' ({what})' if what else ''}: "
             "give it another --run-name"
         )
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(start) + "\n")
+    if by_digest or not record.is_file():
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(start) + "\n")
 
 
 def _sha256(path: pathlib.Path) -> str:
