@@ -36,6 +36,7 @@ from jax_specdec.decode.tree import (
     ancestors,
     depths,
     graft,
+    rank_counts,
     target_tokens,
     walk,
 )
@@ -122,6 +123,7 @@ def fixed(shape: str):
 _ancestors = jax.jit(ancestors, static_argnums=1)
 _depths = jax.jit(depths)
 _walk = jax.jit(walk, static_argnums=2)
+_rank_counts = jax.jit(rank_counts, static_argnums=2)
 _trie = jax.jit(trie, static_argnums=2)
 _target_tokens = jax.jit(lambda logits, draws, rows, at: target_tokens(logits, draws, rows)(at))
 
@@ -147,9 +149,11 @@ def _walk_reference(tokens, parent, valid, y, depth):
     return path, [y[v] for v in path]
 
 
-def test_walk_matches_a_numpy_reference():
-    rng = np.random.default_rng(0)
-    batch, n, depth, vocab = 64, 9, 4, 3
+def _random_trees(batch, n, depth, vocab, seed=0):
+    """Random trees (node v+1 under a random node before it, about 10% invalid, none
+    deeper than `depth`) and a target token at every node: (proposal, tokens, parent,
+    valid, y) as NumPy arrays beside the proposal."""
+    rng = np.random.default_rng(seed)
     parent = np.zeros((batch, n), np.int32)
     for v in range(1, n):  # a random tree: node v+1 hangs under a node before it
         parent[:, v] = rng.integers(0, v + 1, size=batch)
@@ -163,6 +167,12 @@ def test_walk_matches_a_numpy_reference():
     tokens = rng.integers(0, vocab, size=(batch, n)).astype(np.int32)
     y = rng.integers(0, vocab, size=(batch, n + 1)).astype(np.int32)
     proposal = TreeProposal(*map(jnp.asarray, (tokens, parent, valid)), jnp.zeros(batch, bool))
+    return proposal, tokens, parent, valid, y
+
+
+def test_walk_matches_a_numpy_reference():
+    batch, n, depth = 64, 9, 4
+    proposal, tokens, parent, valid, y = _random_trees(batch, n, depth, vocab=3)
     got = _walk(proposal, jnp.asarray(y), depth)
     assert isinstance(got, TreeWalk)
     got = TreeWalk(*map(np.asarray, got))
@@ -175,6 +185,34 @@ def test_walk_matches_a_numpy_reference():
         assert got.emitted[b, : a + 1].tolist() == emitted
         lengths.append(a)
     assert max(lengths) >= 2  # the random trees are walked deep enough to test something
+
+
+def test_rank_counts_match_a_numpy_reference():
+    """At each step the walk tested its node's children up to the one it kept (ranks in
+    node order among valid siblings), or all of them at its last step; ranks past the
+    counters' width are not counted."""
+    batch, n, depth, ranks = 128, 9, 4, 3
+    proposal, tokens, parent, valid, y = _random_trees(batch, n, depth, vocab=2, seed=1)
+    found = _walk(proposal, jnp.asarray(y), depth)
+    tested, kept = map(np.asarray, _rank_counts(proposal, found, ranks))
+    want_tested = np.zeros((batch, depth, ranks), np.int32)
+    want_kept = np.zeros_like(want_tested)
+    for b in range(batch):
+
+        def kids(u, b=b):
+            return [v for v in range(1, n + 1) if valid[b, v - 1] and parent[b, v - 1] == u]
+
+        path, _ = _walk_reference(tokens[b], parent[b], valid[b], y[b], depth)
+        for d, u in enumerate(path[:depth]):
+            if d + 1 < len(path):
+                r = kids(u).index(path[d + 1])
+                want_tested[b, d, : r + 1] = 1
+                want_kept[b, d, r : r + 1] = 1
+            else:
+                want_tested[b, d, : len(kids(u))] = 1
+    np.testing.assert_array_equal(tested, want_tested)
+    np.testing.assert_array_equal(kept, want_kept)
+    assert want_kept[:, :, 1:].sum() > 20 and want_tested[:, :, 2].sum() > 5
 
 
 def test_target_tokens_draw_each_node_from_its_own_p():
@@ -290,6 +328,10 @@ def test_sampled_tree_samples_follow_the_target(target, name):
     drafter = SampledTree(parents=SHAPES[shape])
     seqs, stats = _tree_samples(target, drafter, tree, sampling, eos, seed=len(name) + 50)
     assert 0.05 < stats.acceptance_rate < 0.95
+    # every step the walk took kept one child of some rank, and tested it
+    kept, tested = np.asarray(stats.rank_kept), np.asarray(stats.rank_tested)
+    np.testing.assert_array_equal(kept.sum(-1), np.asarray(stats.accepted_at))
+    assert (tested >= kept).all() and (shape == "path3" or tested[:, :, 1:].sum() > 0)
     assert_follows_target(target, seqs, sampling, eos, name)
 
 
@@ -299,6 +341,13 @@ def test_static_shapes_grow_where_the_walk_goes():
     assert static_shape(3, 3, 1) == (0, 1, 2)  # branch 1: a chain
     with pytest.raises(ValueError, match="holds fewer than 4 nodes"):
         static_shape(4, 1, 3)
+    # measured rates: a head whose first child is nearly always kept grows a chain; one
+    # whose later children are kept nearly as often as its first, a star
+    assert static_shape(4, 4, 4, ((0.9, 0.05),)) == (0, 1, 2, 3)
+    assert static_shape(4, 4, 4, ((0.3, 0.3),)) == (0, 0, 0, 0)
+    # rates by depth: sure at the root's first child, unsure below it
+    assert static_shape(5, 3, 4, ((0.95, 0.1), (0.2, 0.2))) == (0, 1, 1, 1, 1)
+    assert static_shape(8, 6, 2, ((0.6, 0.3),)) == static_shape(8, 6, 2)  # the prior
 
 
 def test_recursive_rejection_tests_the_walked_nodes_children_only():
@@ -418,23 +467,57 @@ def _reference_tree(target, head, seq, tree):
     return cands
 
 
-@pytest.mark.slow
-def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
-    head = make_head(target, seed=3, scale=0.5)
-    tree = Tree(6, 3, branch=2)
-    gen = Generator(target, head, schedule=3, tree=tree)
-    prompt = [2, 5, 1, 4]
+def _head_round(target, head, tree, prompt, sampling=SamplingConfig(0.0)):
+    """A head's first round after `prompt` up to its tree: (drafter, model, cache, inputs,
+    prepared, config, the pending token)."""
+    gen = Generator(target, head, schedule=tree.depth, tree=tree, sampling=sampling)
     config = gen.bind([prompt], key=jax.random.key(0), max_new_tokens=8).config
     model, drafter = gen.draft_model, gen.drafter
     prompts, lengths = jnp.asarray([prompt]), jnp.asarray([len(prompt)], jnp.int32)
     logits, features = target(prompts, features=True)
     pending = int(np.argmax(np.asarray(logits)[0, -1]))
     cache = drafter.init(model, prompts, lengths, config, features=features)
-    buffer = jnp.zeros((1, 16), jnp.int32).at[0, :5].set(jnp.asarray(prompt + [pending]))
-    greedy = jax.tree.map(jnp.asarray, RowSampling.of([SamplingConfig(0.0)]))
-    keys = jnp.zeros((1, 3), jnp.int32)
-    inputs = DraftInputs(buffer, lengths + 1, jnp.zeros(1, bool), keys, 3, greedy)
+    buffer = (
+        jnp.zeros((1, 16), jnp.int32).at[0, : len(prompt) + 1].set(jnp.asarray(prompt + [pending]))
+    )
+    rows = jax.tree.map(jnp.asarray, RowSampling.of([sampling]))
+    keys = jax.random.split(jax.random.key(1), (1, tree.depth))
+    inputs = DraftInputs(buffer, lengths + 1, jnp.zeros(1, bool), keys, tree.depth, rows)
     cache, prepared, _ = drafter.prepare(model, cache, inputs, config)
+    return drafter, model, cache, inputs, prepared, config, pending
+
+
+def test_a_heads_sampled_tree_grows_from_its_measured_acceptance(target):
+    """A head carrying measured rates (`FeatureHeadConfig.tree_acceptance`) draws its
+    sampled trees in the shape they favour; without them, in the prior's: seen in which
+    child ranks the rounds tested."""
+    tree = Tree(6, 3, branch=3, sampled=True)
+    rates = ((0.3, 0.3), (0.95, 0.1))  # unsure at the root, sure below
+    assert static_shape(6, 3, 3) == (0, 1, 2, 0, 0, 1)
+    assert static_shape(6, 3, 3, rates) == (0, 1, 2, 0, 4, 5)
+    head = make_head(target, seed=3, scale=0.5)
+    prompts = ragged_prompts(8, VOCAB, seed=8, max_len=10)
+    tested = {}
+    for measured in ((), rates):
+        head.config = dataclasses.replace(head.config, tree_acceptance=measured)
+        gen = Generator(target, head, schedule=3, tree=tree, sampling=SamplingConfig(1.0))
+        out = gen(prompts, key=jax.random.key(0), max_new_tokens=24)
+        tested[measured] = np.asarray(out.stats.rank_tested).sum(0) > 0  # [depth, rank]
+    # the prior's shape: three children at the root, two under its first
+    assert tested[()][0, 2] and tested[()][1, 1]
+    # the measured one's: two at the root, one under every node below it
+    assert tested[rates][0, :2].all() and not tested[rates][0, 2]
+    assert tested[rates][1:, 0].all() and not tested[rates][1:, 1:].any()
+
+
+@pytest.mark.slow
+def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
+    head = make_head(target, seed=3, scale=0.5)
+    tree = Tree(6, 3, branch=2)
+    prompt = [2, 5, 1, 4]
+    drafter, model, cache, inputs, prepared, config, pending = _head_round(
+        target, head, tree, prompt
+    )
     scores, tokens, parents, _ = candidates(model, cache, prepared, tree)
     want = _reference_tree(target, head, prompt + [pending], tree)
     assert np.asarray(tokens)[0].tolist() == [c[1] for c in want]

@@ -12,6 +12,7 @@ import argparse
 from jax_specdec.cli import (
     balance,
     batch,
+    calibrate_tree,
     convert,
     convert_head,
     generate,
@@ -22,7 +23,17 @@ from jax_specdec.cli import (
 
 __all__ = ["build_parser", "main"]
 
-SUBCOMMANDS = (balance, generate, sweep, batch, train, train_drafter, convert, convert_head)
+SUBCOMMANDS = (
+    balance,
+    generate,
+    sweep,
+    batch,
+    train,
+    train_drafter,
+    calibrate_tree,
+    convert,
+    convert_head,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -83,5 +83,12 @@ class LoopConfig:
         return 0 if self.menu_tree is None else self.menu_tree.depth
 
     @property
+    def tree_ranks(self) -> tuple[int, int]:
+        """(depth, branch) of the rounds' tree, fixed or on the menu, for the counters of
+        its children by rank (`GenerationStats.rank_tested`); (0, 0) without one."""
+        tree = self.tree or self.menu_tree
+        return (0, 0) if tree is None else (tree.depth, tree.branch)
+
+    @property
     def speculative(self) -> bool:
         return self.drafter is not None

@@ -65,7 +65,9 @@ def init_state(
         round=zeros,
         last_gamma=zeros,
         last_accepted=zeros,
-        stats=init_stats(batch, config.gamma_max, nonfinite(last), config.tree_depth),
+        stats=init_stats(
+            batch, config.gamma_max, nonfinite(last), config.tree_depth, config.tree_ranks
+        ),
         seen=seen,
         logprobs=logprobs,
     )

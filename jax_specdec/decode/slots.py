@@ -91,7 +91,9 @@ def init_slots(
         row=jnp.full((slots,), -1, jnp.int32),
         tokens=jnp.full((n, config.max_new_tokens), config.pad_token_id, jnp.int32),
         lengths=jnp.zeros((n,), jnp.int32),
-        stats=init_stats(n, config.gamma_max, jnp.zeros((n,), bool), config.tree_depth),
+        stats=init_stats(
+            n, config.gamma_max, jnp.zeros((n,), bool), config.tree_depth, config.tree_ranks
+        ),
         logprobs=_no_logprobs(config, n, config.max_new_tokens),
     )
     state = LoopState(
@@ -108,7 +110,7 @@ def init_slots(
         last_gamma=ints,
         last_accepted=ints,
         stats=init_stats(
-            slots, config.gamma_max, jnp.zeros((slots,), bool), config.tree_depth
+            slots, config.gamma_max, jnp.zeros((slots,), bool), config.tree_depth, config.tree_ranks
         ).replace(target_calls=jnp.zeros((), jnp.int32)),
         queue=queue,
         seen=Seen.empty(slots, config.vocab_size) if sampling.plan.penalties else None,

@@ -30,6 +30,8 @@ ROW_FIELDS = (
     "rejected_at",
     "tree_accepted_at",
     "tree_rejected_at",
+    "rank_tested",
+    "rank_kept",
     "nonfinite",
 )
 
@@ -58,6 +60,12 @@ class GenerationStats:
       gamma_rounds: [γ_max + 1] rounds of the whole batch run with each draft width
         (0: a plain target step); one more, last, for the tree rounds of `Auto` with a
         tree in its menu.
+      rank_tested, rank_kept: [B, D, K] for tree rounds (a fixed tree, or `Auto`'s
+        menu tree; K its branch): at the walk's step d, how often the child of rank j
+        (its place among its siblings, for a sampled tree the drawing order) was tested,
+        and kept (`decode.tree.rank_counts`); [B, 0, 0] without trees.
+        `rank_acceptance` is their ratio, what a sampled tree's shape is grown from
+        (`decode.tree_accept.static_shape`).
       nonfinite: [B] whether the row ever met a NaN/inf logit (its tokens are then not
         to be trusted; a warning is raised too).
       slot_rounds: [] rows of the batch times rounds run (the work the rows could have
@@ -74,6 +82,8 @@ class GenerationStats:
     rejected_at: jax.Array
     tree_accepted_at: jax.Array
     tree_rejected_at: jax.Array
+    rank_tested: jax.Array
+    rank_kept: jax.Array
     gamma_rounds: jax.Array
     nonfinite: jax.Array
     slot_rounds: jax.Array
@@ -124,6 +134,14 @@ class GenerationStats:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(tried > 0, accepted / tried, np.nan)
 
+    def rank_acceptance(self) -> np.ndarray:
+        """[D, K] over the batch: the chance that a tree node at depth d keeps its child
+        of rank j once it has rejected the ones before it (NaN where never tested)."""
+        tested = np.asarray(jnp.sum(self.rank_tested, axis=0), np.float64)
+        kept = np.asarray(jnp.sum(self.rank_kept, axis=0), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(tested > 0, kept / tested, np.nan)
+
     @staticmethod
     def merge(stats: Sequence[GenerationStats]) -> GenerationStats:
         """The counters of several calls as one (rows concatenated, batch counts summed)."""
@@ -134,6 +152,8 @@ class GenerationStats:
                 "merge: the calls' menus differ (a tree on auto's menu in some of them): "
                 "their rounds per width do not add up"
             )
+        if len({s.rank_tested.shape[1:] for s in stats}) > 1:
+            raise ValueError("merge: the calls' trees differ in depth or branch")
         fields = {k: jnp.concatenate([getattr(s, k) for s in stats]) for k in ROW_FIELDS}
         fields["target_calls"] = sum(s.target_calls for s in stats)
         fields["slot_rounds"] = sum(s.slot_rounds for s in stats)
@@ -164,10 +184,15 @@ class GenerationOutput(NamedTuple):
 
 
 def init_stats(
-    batch: int, gamma_max: int, nonfinite_rows: jax.Array, tree_depth: int = 0
+    batch: int,
+    gamma_max: int,
+    nonfinite_rows: jax.Array,
+    tree_depth: int = 0,
+    ranks: tuple[int, int] = (0, 0),
 ) -> GenerationStats:
     """Counters before the first round: one target call (the prefill) and its NaN flags;
-    `tree_depth`: the depth of a tree in `Auto`'s menu (0: none)."""
+    `tree_depth`: the depth of a tree in `Auto`'s menu (0: none); `ranks`: (depth,
+    branch) of the rounds' tree, fixed or on the menu ((0, 0): none)."""
     zeros = jnp.zeros((batch,), jnp.int32)
     per_position = jnp.zeros((batch, gamma_max), jnp.int32)
     per_depth = jnp.zeros((batch, tree_depth), jnp.int32)
@@ -182,6 +207,8 @@ def init_stats(
         rejected_at=per_position,
         tree_accepted_at=per_depth,
         tree_rejected_at=per_depth,
+        rank_tested=jnp.zeros((batch, *ranks), jnp.int32),
+        rank_kept=jnp.zeros((batch, *ranks), jnp.int32),
         gamma_rounds=jnp.zeros((gamma_max + 1 + (tree_depth > 0),), jnp.int32),
         nonfinite=nonfinite_rows,
         slot_rounds=jnp.zeros((), jnp.int32),

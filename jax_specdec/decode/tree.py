@@ -34,6 +34,7 @@ __all__ = [
     "depths",
     "gather_nodes",
     "graft",
+    "rank_counts",
     "target_tokens",
     "tree_draws",
     "walk",
@@ -204,6 +205,31 @@ def walk(proposal: TreeProposal, y, depth: int) -> TreeWalk:
     path = jnp.stack(path, axis=1)
     accepted = jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)
     return TreeWalk(path, accepted, jnp.stack(emitted, axis=1).astype(jnp.int32))
+
+
+def rank_counts(proposal: TreeProposal, found: TreeWalk, ranks: int):
+    """Which children the walk tested and kept, by their rank among their siblings (a
+    parent's children in node order; for a sampled tree, their drawing order): (tested,
+    kept) [B, D, ranks] int32, D the walk's steps. At step d the walk tested children
+    0 … j of its node and kept j, or tested all of them and kept none (its last step);
+    a row with no valid node counts nothing, and ranks past `ranks` are not counted."""
+    parent, valid = proposal.parent.astype(jnp.int32), proposal.valid
+    n = parent.shape[1]
+    before = jnp.tril(jnp.ones((n, n), bool), -1)[None]  # u < v
+    siblings = (parent[:, :, None] == parent[:, None, :]) & valid[:, None, :] & before
+    rank = jnp.pad(jnp.sum(siblings, axis=-1, dtype=jnp.int32), ((0, 0), (1, 0)))
+    nodes = jnp.arange(n + 1, dtype=jnp.int32)
+    children = jnp.sum((parent[:, None, :] == nodes[None, :, None]) & valid[:, None, :], -1)
+    step = jnp.arange(found.path.shape[1] - 1)[None, :, None]  # [1, D, 1]
+    j = jnp.arange(ranks)[None, None, :]
+    moved = step < found.accepted[:, None, None]
+    stopped = step == found.accepted[:, None, None]
+    at = lambda a, idx: jnp.take_along_axis(a, idx, axis=1)[:, :, None]  # noqa: E731
+    kept_rank = at(rank, found.path[:, 1:])
+    count = at(children, found.path[:, :-1])
+    tested = (moved & (j <= kept_rank)) | (stopped & (j < count))
+    kept = moved & (j == kept_rank)
+    return tested.astype(jnp.int32), kept.astype(jnp.int32)
 
 
 def graft(base: TreeProposal, tokens, parent, valid) -> TreeProposal:

@@ -31,7 +31,7 @@ __all__ = ["accept_rsd", "accept_tree", "draw_children", "static_shape"]
 
 #: The prior chance that a node's first drawn child is kept, and that a later one is
 #: (after the rejections before it): `static_shape` grows the tree where the walk is
-#: most likely to go.
+#: most likely to go, from these unless it is given a head's measured rates.
 FIRST, LATER = 0.6, 0.3
 
 
@@ -46,10 +46,16 @@ def accept_tree(logits, draws, proposal: TreeProposal, sampling: RowSampling, de
     return walk(proposal, target_tokens(logits, draws[..., 0], sampling), depth)
 
 
-def static_shape(nodes: int, depth: int, branch: int) -> tuple[int, ...]:
+def static_shape(nodes: int, depth: int, branch: int, rates=None) -> tuple[int, ...]:
     """The parent of each of nodes 1 … N: greedily, the free slot (a node's next child,
-    at most `branch` per node, depth at most `depth`) the walk reaches most often under
-    the prior (FIRST, LATER). A node's children get increasing numbers in their order."""
+    at most `branch` per node, depth at most `depth`) the walk reaches most often. A
+    node's children get increasing numbers in their order.
+
+    `rates[d][j]`: the chance that a node at depth d keeps its child j (0-based) after
+    rejecting the ones before it (a head's measured acceptance,
+    `GenerationStats.rank_acceptance`; the last row and column stand for deeper nodes
+    and later children); None: the prior (FIRST, then LATER)."""
+    rates = ((FIRST, LATER),) if rates is None else rates
     parent, reach, level, kids = [], [1.0], [0], [0]
     for _ in range(nodes):
         best = None
@@ -57,7 +63,7 @@ def static_shape(nodes: int, depth: int, branch: int) -> tuple[int, ...]:
             j = kids[u]
             if level[u] >= depth or j >= branch:
                 continue
-            chance = FIRST if j == 0 else (1 - FIRST) * (1 - LATER) ** (j - 1) * LATER
+            chance = _slot_chance(rates[min(level[u], len(rates) - 1)], j)
             if best is None or reach[u] * chance > best[0]:
                 best = (reach[u] * chance, u)
         if best is None:
@@ -71,6 +77,15 @@ def static_shape(nodes: int, depth: int, branch: int) -> tuple[int, ...]:
         kids[u] += 1
         kids.append(0)
     return tuple(parent)
+
+
+def _slot_chance(rates, j: int) -> float:
+    """The chance that child j is the one kept: children 0 … j-1 rejected, j kept."""
+    rate = lambda i: rates[min(i, len(rates) - 1)]  # noqa: E731
+    chance = rate(j)
+    for i in range(j):
+        chance *= 1.0 - rate(i)
+    return chance
 
 
 def draw_children(keys, q, count: int):

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from jax_specdec.io.head_acceptance import read_tree_acceptance
 from jax_specdec.io.hub import hub_snapshot, is_hub_id
 from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
@@ -101,6 +102,7 @@ def load_head(path: str | os.PathLike, param_dtype: str | None = None):
         if speculators.is_speculators(directory) or speculators.is_eagle3_release(directory):
             return speculators.load_eagle3(directory, param_dtype)
     config = load_head_config(directory)
+    config = dataclasses.replace(config, tree_acceptance=read_tree_acceptance(directory))
     if param_dtype is not None:
         layer = config.layer.replace(param_dtype=param_dtype)  # checks the name
         config = dataclasses.replace(config, layer=layer)

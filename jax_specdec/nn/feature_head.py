@@ -50,12 +50,18 @@ class FeatureHeadConfig:
       kept: K, the number of tokens the head scores (1 <= K <= layer.vocab_size).
       target: a name for the target it was trained for (shown in errors).
       tokenizer_sha256: SHA-256 of the target tokenizer's JSON, or "" if unknown.
+      tree_acceptance: the head's measured acceptance in sampled trees, by depth and
+        child rank (`decode.tree_accept.static_shape`'s `rates`), read from the
+        `tree_acceptance.json` beside its weights (`io.head_acceptance`); () unmeasured.
+        A measurement of these weights, not part of the head's shape: `to_dict` leaves
+        it out, so a head trained further does not inherit it.
     """
 
     layer: TransformerConfig
     kept: int
     target: str = ""
     tokenizer_sha256: str = ""
+    tree_acceptance: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.layer, TransformerConfig):

@@ -19,6 +19,7 @@ from flax import nnx
 
 from jax_specdec.io.heads import WEIGHTS, load_head, load_head_config, save_head
 from jax_specdec.io.speculators import save_speculators
+from jax_specdec.io.weights import file_sha256
 from jax_specdec.nn.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
 from jax_specdec.training.corpus import encode_files, stdlib_corpus
@@ -375,7 +376,7 @@ def _record_start(run_dir: pathlib.Path, init) -> None:
     start = {"init": None, "init_sha256": None}
     if init is not None:
         weights = pathlib.Path(init, WEIGHTS)
-        start = {"init": str(pathlib.Path(init).resolve()), "init_sha256": _sha256(weights)}
+        start = {"init": str(pathlib.Path(init).resolve()), "init_sha256": file_sha256(weights)}
     record = run_dir.with_name(f"{run_dir.name}.start.json")
     if record.is_file():
         before = json.loads(record.read_text())
@@ -395,11 +396,6 @@ def _record_start(run_dir: pathlib.Path, init) -> None:
     if by_digest or not record.is_file():
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(start) + "\n")
-
-
-def _sha256(path: pathlib.Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _training_record(path) -> dict | None:

@@ -65,11 +65,13 @@ def kept_probs(model, logits, config, sampling):
 
 
 def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> TreeProposal:
-    """A tree of `tree_accept.static_shape`: each node's children drawn without
+    """A tree of `tree_accept.static_shape` (grown from the head's measured acceptance,
+    `FeatureHeadConfig.tree_acceptance`, if it has one): each node's children drawn without
     replacement from the head's q there (its kept tokens after the sampling transforms),
     level by level, each level's inner nodes in one head call; q at every node is
     returned for the acceptance (`tree_accept.accept_rsd`)."""
-    parent = static_shape(tree.nodes, tree.depth, tree.branch)
+    rates = model.head.config.tree_acceptance or None  # the head's measured acceptance
+    parent = static_shape(tree.nodes, tree.depth, tree.branch, rates)
     level = [0]
     for u in parent:
         level.append(level[u] + 1)
