@@ -305,6 +305,13 @@ CHI2 = [
     ("feature", "tree", "t1", dict(gamma=3, seed=5)),
     ("feature", "tree", "t1_minp0.15", dict(sampling=SamplingConfig(1.0, min_p=0.15), gamma=3)),
     ("feature", "tree", "t1_lookup", dict(gamma=3, tree=Tree(7, 3, 2, lookup=4), seed=7)),
+    # top-k below the branch: the children past q's support are not drawable
+    (
+        "feature",
+        "tree",
+        "t1_topk2_branch3",
+        dict(sampling=SamplingConfig(1.0, top_k=2), gamma=2, tree=Tree(6, 2, 3, sampled=True)),
+    ),
     ("feature", "slots", "t1", dict(gamma=2, eos=2)),
     ("feature", "skip", "t1_skip_once_g2", dict(skip=skip_second)),
     ("eagle3", "chain", "t1_g2", dict(gamma=2)),

@@ -510,6 +510,20 @@ def test_a_heads_sampled_tree_grows_from_its_measured_acceptance(target):
     assert tested[rates][1:, 0].all() and not tested[rates][1:, 1:].any()
 
 
+def test_a_heads_sampled_tree_draws_no_child_past_qs_support(target):
+    """Under top-k 2 a node has two drawable children: a third, past q's support, is
+    left invalid, never tested (were it tested after the two were rejected, q being
+    zero, it would be kept whenever the residual gives it any mass: not exact)."""
+    head = make_head(target, seed=3, scale=0.5)
+    sampling = SamplingConfig(1.0, top_k=2)
+    gen = Generator(target, head, schedule=2, tree=Tree(6, 2, 3, sampled=True), sampling=sampling)
+    out = gen(
+        ragged_prompts(8, VOCAB, seed=8, max_len=10), key=jax.random.key(0), max_new_tokens=24
+    )
+    tested = np.asarray(out.stats.rank_tested).sum(0)
+    assert tested[0, 1] > 0 and tested[:, 2:].sum() == 0
+
+
 @pytest.mark.slow
 def test_a_heads_tree_is_eagle2s_expansion_of_its_own_predictions(target):
     head = make_head(target, seed=3, scale=0.5)

@@ -2,6 +2,7 @@
 record beside the weights (`io.head_acceptance`), and `load_head` taking it only for
 the weights it was measured with."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -11,7 +12,6 @@ from flax import nnx
 
 from jax_specdec.cli import main
 from jax_specdec.cli.calibrate_tree import _prompt_ids
-from jax_specdec.decode.tree_accept import static_shape
 from jax_specdec.io.head_acceptance import (
     ACCEPTANCE,
     acceptance_table,
@@ -104,13 +104,21 @@ def test_calibrate_tree_measures_a_head_and_its_trees_follow(pair, tmp_path, cap
     assert record["measured"]["rounds"] > 0 and record["measured"]["prompts"] == 4
     rates = load_head(head).config.tree_acceptance
     assert rates == read_tree_acceptance(head) and rates[0][0] == record["acceptance"][0][0]
-    assert len(rates) == 3 and static_shape(8, 3, 3, rates)  # a shape grows from them
-    # the measurement is of these weights: a head trained further (saved over them), or
-    # its config written anew, does not carry it
+    assert len(rates) == 3 and all(len(row) == 3 for row in rates)
+    # the measurement is of these weights: a config written anew does not carry it, and
+    # a head saved over them (trained further) removes it
     assert "tree_acceptance" not in json.loads((head / "head_config.json").read_text())
     _save_head(pair, head, seed=3)
-    with pytest.warns(UserWarning, match="measured with other weights"):
-        assert load_head(head).config.tree_acceptance == ()
+    assert not (head / ACCEPTANCE).exists()
+    assert load_head(head).config.tree_acceptance == ()
+
+
+def test_a_config_refuses_rates_outside_zero_to_one(pair):
+    config = FeatureHeadConfig.for_target(load_model(pair / "target", weights=False).config, 64)
+    for table in [((1.5,),), ((0.5,), ()), ((float("nan"),),), (("a",),)]:
+        with pytest.raises(ValueError, match="FeatureHeadConfig.tree_acceptance must be"):
+            dataclasses.replace(config, tree_acceptance=table)
+    assert dataclasses.replace(config, tree_acceptance=[[1, 0.5]]).tree_acceptance == ((1.0, 0.5),)
 
 
 def test_calibrate_tree_prompts_are_held_out_chat_requests_and_code(pair):
@@ -131,6 +139,7 @@ def test_calibrate_tree_refuses_bad_arguments_naming_them(pair, tmp_path, capsys
         ([str(_save_head(pair, tmp_path / "h")), "--temperature", "0"], "--temperature"),
         ([str(tmp_path / "h"), "--prompts", "0"], "--prompts must be >= 1"),
         ([str(tmp_path / "h"), "--tree", "8:3:3,4:2:2"], "--tree:"),
+        ([str(tmp_path / "h"), "--tree", "8:3:3:2"], "--tree: a sampled tree has no prompt"),
         ([str(tmp_path / "h"), "--tree", "8:3"], "--tree: '8:3' is not"),
     ]:
         with pytest.raises(SystemExit) as exit_:

@@ -36,7 +36,13 @@ def add_parser(sub) -> None:
         help="the measuring tree, NODES:DEPTH:BRANCH: its depth and branch bound the "
         "table (default: %(default)s)",
     )
-    p.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="the sampling the rounds run at; the table shapes sampled trees at every "
+        "temperature (default: %(default)s)",
+    )
     p.add_argument(
         "--prompts", type=int, default=16, help="held-out prompts (default: %(default)s)"
     )
@@ -68,6 +74,8 @@ def run(args, parser) -> int:
         if len(shapes) != 1:
             raise ValueError(f"--tree: one NODES:DEPTH:BRANCH, got {args.tree!r}")
         tree = shapes[0]
+        if tree.lookup:
+            raise ValueError("--tree: a sampled tree has no prompt lookup (NODES:DEPTH:BRANCH)")
         tree = dataclasses.replace(tree, sampled=True)
         if not args.temperature > 0:
             raise ValueError("--temperature must be > 0: a sampled tree draws its children")
@@ -117,6 +125,11 @@ def _calibrate(args, tree):
     tested = np.asarray(out.stats.rank_tested).sum(0)
     kept = np.asarray(out.stats.rank_kept).sum(0)
     rounds = int(np.asarray(out.stats.rounds).sum())
+    if tested[0, 0] < args.min_tests:
+        raise ValueError(
+            f"the first child was tested {tested[0, 0]} times, fewer than --min-tests "
+            f"{args.min_tests}: give more --prompts or --max-new-tokens"
+        )
     table = acceptance_table(tested, kept, args.min_tests)
     measured = {
         "target": str(loaded.target_dir),

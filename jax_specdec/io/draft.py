@@ -89,9 +89,7 @@ class Loaded(NamedTuple):
     target_dir: pathlib.Path
 
 
-def load_pair(
-    target: str, draft: str, weights: bool = True, dtype=None, mesh=None
-) -> Loaded:
+def load_pair(target: str, draft: str, weights: bool = True, dtype=None, mesh=None) -> Loaded:
     """Loads --target and --draft (`io.draft.load_draft`: a model, a feature or EAGLE-3
     head's directory, or "ngram"), the draft checked against the target and its
     tokenizer. `weights=False` checks the same but reads no model tensor

@@ -7,7 +7,8 @@ a node keeps its child j once it has rejected the ones before it
 (`decode.tree_accept.static_shape`): where the head's later children are rarely kept,
 the tree goes deeper; where they often are, wider. The file names the weights it was
 measured with by their SHA-256; a head whose weights changed since loads without it
-(with a warning), as the shape would follow another head's acceptance.
+(with a warning), as the shape would follow another head's acceptance. The table is
+used at every temperature, whichever it was measured at (the record says which).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def read_tree_acceptance(directory: str | os.PathLike) -> tuple[tuple[float, ...
         warnings.warn(
             f"{path} was measured with other weights than {Path(directory) / WEIGHTS}: "
             "sampled trees take the default shape (run jax-specdec calibrate-tree again)",
-            stacklevel=2,
+            stacklevel=3,
         )
         return ()
     return _filled(table)

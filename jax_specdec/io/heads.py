@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jax_specdec.io.head_acceptance import read_tree_acceptance
+from jax_specdec.io.head_acceptance import ACCEPTANCE, read_tree_acceptance
 from jax_specdec.io.hub import hub_snapshot, is_hub_id
 from jax_specdec.io.weights import open_safetensors
 from jax_specdec.nn.feature_head import FeatureHead, FeatureHeadConfig
@@ -43,7 +43,8 @@ def _flat(state: nnx.State) -> dict[str, object]:
 
 
 def save_head(head: FeatureHead, path: str | os.PathLike, dtype: str | None = None) -> None:
-    """Writes `head_config.json` and `model.safetensors` into `path` (created).
+    """Writes `head_config.json` and `model.safetensors` into `path` (created), and
+    removes a `tree_acceptance.json` there (measured with the weights it replaces).
 
     `dtype` ("float16", "float32"; None keeps each tensor's own) stores the floating
     weights in that type, e.g. to halve a shipped head, and records it as the config's
@@ -68,6 +69,7 @@ def save_head(head: FeatureHead, path: str | os.PathLike, dtype: str | None = No
             for name, t in tensors.items()
         }
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "jax_specdec.feature_head"})
+    (directory / ACCEPTANCE).unlink(missing_ok=True)  # measured with the weights replaced
     (directory / CONFIG).write_text(config.to_json() + "\n")
 
 

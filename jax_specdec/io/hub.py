@@ -10,7 +10,8 @@ import re
 __all__ = ["HUB_FILES", "hub_snapshot", "is_hub_id"]
 
 # What a load reads from a Hub repository: configs, weights and their index, tokenizer
-# files, a head's config (not the repository's other files: README, other formats).
+# files, a head's config and measured tree acceptance (not the repository's other
+# files: README, other formats).
 HUB_FILES = (
     "config.json",
     "generation_config.json",
@@ -21,6 +22,7 @@ HUB_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
     "head_config.json",
+    "tree_acceptance.json",
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
 

@@ -68,6 +68,7 @@ class FeatureHeadConfig:
             raise TypeError(
                 f"FeatureHeadConfig.layer must be a TransformerConfig, got {type(self.layer)}"
             )
+        object.__setattr__(self, "tree_acceptance", _rates(self.tree_acceptance))
         k, v = self.kept, self.layer.vocab_size
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= v:
             raise ValueError(f"FeatureHeadConfig.kept must be an integer in [1, {v}], got {k!r}")
@@ -109,6 +110,21 @@ class FeatureHeadConfig:
         fields = {"num_layers": 1, "tie_embeddings": False, "sliding_window": None,
                   "local_layers": (), **layer}  # fmt: skip
         return cls(config.replace(**fields), kept, target, tokenizer_sha256)
+
+
+def _rates(table) -> tuple[tuple[float, ...], ...]:
+    """`FeatureHeadConfig.tree_acceptance` as a tuple of non-empty tuples of floats in
+    [0, 1] (what `static_shape` grows a tree from); raises ValueError naming it."""
+    try:
+        rows = tuple(tuple(float(r) for r in row) for row in table)
+    except (TypeError, ValueError):
+        rows = None
+    if rows is None or not all(rows) or not all(0 <= r <= 1 for row in rows for r in row):
+        raise ValueError(
+            "FeatureHeadConfig.tree_acceptance must be rows of rates in [0, 1] (depth by "
+            f"child rank, no NaN) or (), got {table!r}"
+        )
+    return rows
 
 
 def previous_features(features: jax.Array) -> jax.Array:

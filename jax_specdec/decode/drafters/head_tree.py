@@ -69,8 +69,11 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> 
     `FeatureHeadConfig.tree_acceptance`, if it has one): each node's children drawn without
     replacement from the head's q there (its kept tokens after the sampling transforms),
     level by level, each level's inner nodes in one head call; q at every node is
-    returned for the acceptance (`tree_accept.accept_rsd`)."""
-    rates = model.head.config.tree_acceptance or None  # the head's measured acceptance
+    returned for the acceptance (`tree_accept.accept_rsd`). A child past q's support
+    (fewer tokens left by top-k or top-p than the node has children), and every node
+    below it, is invalid: never tested."""
+    # the head's measured acceptance (a feature head's; an EAGLE-3 head carries none)
+    rates = getattr(model.head.config, "tree_acceptance", ()) or None
     parent = static_shape(tree.nodes, tree.depth, tree.branch, rates)
     level = [0]
     for u in parent:
@@ -79,6 +82,8 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> 
     p, batch = prepared, prepared.logits.shape[0]
     tokens = [None] * (tree.nodes + 1)
     probs = [None] * (tree.nodes + 1)
+    # a child past q's support (top-k, top-p below the branch) is no draw: left invalid
+    valid = [jnp.ones((batch,), bool)] + [None] * tree.nodes
     predicted = {0: p.predicted}  # each inner node's predicted feature [B, 1, D]
     bad = p.bad
 
@@ -86,9 +91,9 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> 
         probs[u] = q
         if kids[u]:
             key = jax.vmap(jax.random.fold_in)(keys, jnp.full((batch,), u, jnp.int32))
-            drawn, _ = draw_children(key, q, len(kids[u]))
+            drawn, drawable = draw_children(key, q, len(kids[u]))
             for j, v in enumerate(kids[u]):
-                tokens[v] = drawn[:, j]
+                tokens[v], valid[v] = drawn[:, j], valid[u] & drawable[:, j]
 
     expand(0, kept_probs(model, p.logits, config, sampling)[1])
     chunk_valid = jnp.arange(cache.features.shape[1])[None] < cache.count[:, None]
@@ -123,7 +128,7 @@ def sampled_tree(model, cache, prepared, tree: Tree, keys, config, sampling) -> 
     return TreeProposal(
         jnp.stack(tokens[1:], axis=1),
         jnp.broadcast_to(jnp.asarray(parent, jnp.int32), (batch, tree.nodes)),
-        jnp.ones((batch, tree.nodes), bool),
+        jnp.stack(valid[1:], axis=1),
         bad,
         jnp.stack([zeros if q is None else q for q in probs], axis=1),
     )
