@@ -241,12 +241,21 @@ def emit(state: LoopState, new_tokens, num_new, config: LoopConfig, scores=None)
 
 
 def record_round(
-    state: LoopState, *, active, width: int, counts, accepted, bad, menu_tree: bool = False
+    state: LoopState,
+    *,
+    active,
+    width: int,
+    counts,
+    accepted,
+    bad,
+    menu_tree: bool = False,
+    ranks=None,
 ) -> LoopState:
     """Counts one round of static `width` (0: a plain target step) in which each
     `active` row tested counts[b] drafts and accepted[b]; `bad` [B] flags NaN/inf.
     `menu_tree`: a tree round of `Auto`'s menu, counted in the tree's own counters
-    (`GenerationStats.tree_accepted_at`, the last of `gamma_rounds`)."""
+    (`GenerationStats.tree_accepted_at`, the last of `gamma_rounds`). `ranks`: a tree
+    round's (tested, kept) children [B, D, K] by rank (`decode.tree.rank_counts`)."""
     s = state.stats
     on = active.astype(jnp.int32)
     ended = (accepted < counts)[:, None]
@@ -265,6 +274,13 @@ def record_round(
         kept, rejected = outcomes(s.accepted_at, s.rejected_at)
         drafted_at = s.drafted_at + (positions(s.drafted_at) < counts[:, None]) * on[:, None]
         per_position = dict(drafted_at=drafted_at, accepted_at=kept, rejected_at=rejected)
+    if ranks is not None:
+        tested, kept_rank = ranks
+        on_ranks = on[:, None, None]
+        per_position |= dict(
+            rank_tested=s.rank_tested + tested * on_ranks,
+            rank_kept=s.rank_kept + kept_rank * on_ranks,
+        )
     stats = s.replace(
         **per_position,
         rounds=s.rounds + on,

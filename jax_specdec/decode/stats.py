@@ -120,27 +120,19 @@ class GenerationStats:
 
     def acceptance_at(self) -> np.ndarray:
         """[γ_max] acceptance rate of each draft position over the batch (NaN if unused)."""
-        drafted = np.asarray(jnp.sum(self.drafted_at, axis=0), np.float64)
-        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(drafted > 0, accepted / drafted, np.nan)
+        return _share(jnp.sum(self.accepted_at, axis=0), jnp.sum(self.drafted_at, axis=0))
 
     def conditional_acceptance_at(self) -> np.ndarray:
         """[γ_max] acceptance of each draft position given that the drafts before it were
         accepted, over the batch (NaN if never reached). Constant under the i.i.d. model
         of docs/design.md; it is what `schedules.CostModel` estimates per row."""
-        accepted = np.asarray(jnp.sum(self.accepted_at, axis=0), np.float64)
-        tried = accepted + np.asarray(jnp.sum(self.rejected_at, axis=0), np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(tried > 0, accepted / tried, np.nan)
+        accepted = jnp.sum(self.accepted_at, axis=0)
+        return _share(accepted, accepted + jnp.sum(self.rejected_at, axis=0))
 
     def rank_acceptance(self) -> np.ndarray:
         """[D, K] over the batch: the chance that a tree node at depth d keeps its child
         of rank j once it has rejected the ones before it (NaN where never tested)."""
-        tested = np.asarray(jnp.sum(self.rank_tested, axis=0), np.float64)
-        kept = np.asarray(jnp.sum(self.rank_kept, axis=0), np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(tested > 0, kept / tested, np.nan)
+        return _share(jnp.sum(self.rank_kept, axis=0), jnp.sum(self.rank_tested, axis=0))
 
     @staticmethod
     def merge(stats: Sequence[GenerationStats]) -> GenerationStats:
@@ -162,6 +154,13 @@ class GenerationStats:
             jnp.pad(s.gamma_rounds, (0, width - s.gamma_rounds.shape[0])) for s in stats
         )
         return GenerationStats(**fields)
+
+
+def _share(part, whole) -> np.ndarray:
+    """part / whole elementwise, as float64; NaN where whole is 0 (nothing counted)."""
+    part, whole = np.asarray(part, np.float64), np.asarray(whole, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(whole > 0, part / whole, np.nan)
 
 
 class GenerationOutput(NamedTuple):

@@ -147,12 +147,7 @@ def walked_tree(
         accepted=found.accepted,
         bad=bad | proposal.bad,
         menu_tree=menu,
-    )
-    tested, kept = rank_counts(proposal, found, config.tree.branch)
-    on = active[:, None, None].astype(jnp.int32)
-    s = light.stats
-    light = light.replace(
-        stats=s.replace(rank_tested=s.rank_tested + tested * on, rank_kept=s.rank_kept + kept * on)
+        ranks=rank_counts(proposal, found, config.tree.branch),
     )
     walked = gather_nodes(entries, found.path)
     if reads_features(drafter):
