@@ -87,6 +87,7 @@ def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_fol
     assert run4.round_costs.source == "given" and run4.round_costs.per_width == (1.0, 2.0, 3.0)
 
 
+@pytest.mark.slow
 def test_a_measuring_run_holds_its_width(target, draft, costs_folder):
     schedule = Auto(widths=(0, 2, 4), fallback=False)
     run = Generator(target, draft, schedule=schedule).bind(
@@ -98,6 +99,7 @@ def test_a_measuring_run_holds_its_width(target, draft, costs_folder):
         assert rounds[width] == int(stats.target_calls) - 1 > 0, (width, rounds)
 
 
+@pytest.mark.slow
 def test_auto_switches_drafting_off_where_it_does_not_pay(target, draft):
     prompts = ragged_prompts(4, VOCAB, seed=3)
     common = dict(key=jax.random.key(2), max_new_tokens=16, sampling=SamplingConfig(0.0))
@@ -145,6 +147,7 @@ def test_a_wrong_rule_fails_under_auto(target, draft):
     assert len(seqs) == NUM_SAMPLES
 
 
+@pytest.mark.slow
 def test_the_prior_is_the_measured_acceptance(target, costs_folder):
     """The target as its own draft: q = p, so every draft position is accepted in the
     measuring runs and the prior is the cap, 0.99, at every position."""
@@ -238,6 +241,7 @@ def test_each_width_costs_its_fastest_pass(target, draft, costs_folder, monkeypa
     np.testing.assert_allclose(per_width, [1.0 / rounds[0], 0.5 / rounds[1]], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_slots_and_short_calls(target, draft, costs_folder):
     """With slots only the first slots' prompts run in the measuring runs, and the
     output is still the greedy tokens; a call too short for every width to run 4

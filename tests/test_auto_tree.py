@@ -51,7 +51,7 @@ def _auto(costs, tree=TREE):
     return Auto(widths=(0, 1, 2), tree=tree, round_costs=costs)
 
 
-@pytest.mark.parametrize("drafter", ["head", "ngram"])
+@pytest.mark.parametrize("drafter", ["head", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_greedy_tokens_are_the_autoregressive_ones_whatever_is_chosen(target, head, drafter):
     draft = head if drafter == "head" else NGram()
     prompts = [(p * 3)[:12] for p in ragged_prompts(4, VOCAB, seed=3, max_len=6)]
@@ -68,6 +68,7 @@ def test_greedy_tokens_are_the_autoregressive_ones_whatever_is_chosen(target, he
     assert rounds["between"][-1] > 0 and rounds["between"][:-1].sum() > 0  # both kinds
 
 
+@pytest.mark.slow
 def test_slots_refill_rows_with_a_tree_on_the_menu(target, head):
     prompts = ragged_prompts(5, VOCAB, seed=4)
     budgets = [9, 3, 12, 6, 10]

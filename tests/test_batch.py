@@ -245,6 +245,7 @@ def test_output_of_another_job_is_refused_and_kept(pair, tmp_path, capsys):
     assert out.read_text() == before
 
 
+@pytest.mark.slow
 def test_tree_rounds_in_a_batch_job_give_the_autoregressive_rows(pair, tmp_path, capsys):
     """Greedy: a job of n-gram trees writes the rows plain decoding writes; the tree is
     part of the job's identity."""

@@ -130,6 +130,7 @@ def finish(procs) -> list[tuple[int, str, str]]:
     return results
 
 
+@pytest.mark.slow
 def test_processes_with_different_inputs_stop_before_generating(job):
     dirs = hosts(job, "different", changed=(False, True))
     for rc, out, err in finish(start(job, dirs)):

@@ -60,6 +60,7 @@ def jobs(pair, tmp_path_factory):
     return outs
 
 
+@pytest.mark.slow
 def test_sample_i_depends_on_the_row_seed_and_i_only(jobs):
     n4, n8 = by_key(jobs["n4"]), by_key(jobs["n8"])
     seed = derive_seed(3, "a")
@@ -137,6 +138,7 @@ def _first_end(tokens, sequences) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_logprobs_of_the_rows_that_ask(pair, jobs, tmp_path):
     """At T = 1 without transforms a row's log-probabilities are the model's: equal to
     `score` of its prompt and tokens; N alternatives for "logprobs": N, none without."""
@@ -178,6 +180,7 @@ def _substrings(text: str) -> tuple[str, str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_stop_strings_cut_text_tokens_and_finish_reason(pair, jobs, tmp_path, capsys):
     base = by_key(jobs["base"])
     tokenizer = load_tokenizer(pair / "target")

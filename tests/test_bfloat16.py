@@ -44,7 +44,7 @@ def test_logits_are_float32(half):
     assert target(jnp.asarray([PROMPTS[1]])).dtype == jnp.float32
 
 
-@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("gamma", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_autoregressive(half, gamma):
     target, draft = half
     prompts = [(p * 3)[:10] for p in ragged_prompts(8, VOCAB, seed=4, max_len=6)]

@@ -188,6 +188,7 @@ def test_named_templates_and_jinja_files(tmp_path):
     assert load_chat_template(PAIR / "stdlib-target") is None
 
 
+@pytest.mark.slow
 def test_generate_chat_end_to_end_and_refused_without_a_template(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["generate", "hi", "--chat", "--max-new-tokens", "2"])

@@ -50,6 +50,7 @@ def test_generate_json_is_reproducible(pair, capsys):
     assert first["stats"]["alpha"] == lib.stats.alpha
 
 
+@pytest.mark.slow
 def test_generate_n_samples_and_stop_strings(pair, capsys):
     """--n 2: sample 0 is the lone sample's row, sample 1 the row of the seed derived from
     the seed and 1 alone; --stop cuts the text (finish_reason "stop", with "stop"). At a
@@ -86,6 +87,7 @@ def test_generate_n_samples_and_stop_strings(pair, capsys):
         assert (entry["top"][0][0] == token) == (entry["logprob"] >= entry["top"][0][1] - 1e-6)
 
 
+@pytest.mark.slow
 def test_generate_compare_greedy_matches_autoregressive(pair, capsys):
     assert (
         main(run_json(pair, "import os\n", "--max-new-tokens", "10", "--compare", "--eos", "none"))

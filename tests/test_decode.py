@@ -84,7 +84,12 @@ def test_no_recompilation_on_second_call(target, draft):
 
 def test_budget_and_frozen_rows(target, draft):
     out = speculative_generate(
-        target, draft, [[1], [2, 3, 4, 5, 0, 1]], key=jax.random.key(0), max_new_tokens=1
+        target,
+        draft,
+        [[1], [2, 3, 4, 5, 0, 1]],
+        key=jax.random.key(0),
+        max_new_tokens=1,
+        num_draft_tokens=2,
     )
     assert np.asarray(out.lengths).tolist() == [1, 1]
     assert np.asarray(out.stats.rounds).tolist() == [0, 0]

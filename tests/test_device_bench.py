@@ -61,6 +61,7 @@ def test_unknown_section_is_refused(capsys):
     assert "--sections: unknown ['bogus']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_quick_load_8b_section_loads_onto_the_mesh_and_times_the_verify_calls(tmp_path):
     """--sections load_8b at --quick's tiny shape: a checkpoint written, loaded through the
     sharded loader, and its step and 5-token verify timed against the weight-read floor."""

@@ -30,8 +30,22 @@ if importlib.util.find_spec("speculators") is None:
         "speculators is not installed (.ci/run: pip install --no-deps speculators==0.9.0)",
         allow_module_level=True,
     )
-speculators = importlib.import_module("speculators")
-torch = importlib.import_module("torch")
+
+
+class _OnFirstUse:
+    """A module imported when first used: every xdist worker collects this file, and
+    importing speculators (with torch and transformers' models) takes about 10 s."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):  # what collecting asks of every module-level object
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+speculators, torch = _OnFirstUse("speculators"), _OnFirstUse("torch")
 
 V, H, T, STEPS = 200, 64, 10, 3
 AUX = [1, 3, 5]

@@ -192,6 +192,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_head_directory_round_trip_and_bad_files(tmp_path):
     target = tiny_target()
     head = FeatureHead(FeatureHeadConfig.for_target(target.config, 10), rngs=nnx.Rngs(1))

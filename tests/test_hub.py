@@ -33,6 +33,7 @@ def test_hub_ids_and_paths_are_told_apart():
     assert not is_hub_id("/abs/dir") and not is_hub_id("dir") and not is_hub_id("a/b/c")
 
 
+@pytest.mark.slow
 def test_python_api_loads_from_the_cache(hub):
     path = locate("org/target", "target")
     assert path.parts[-2:] == ("snapshots", hub["org/target"])

@@ -54,6 +54,7 @@ def save_transformers(directory, arch):
     return directory
 
 
+@pytest.mark.slow
 def test_every_parameter_placed_and_the_one_device_tokens(tmp_path):
     from gguf_files import write_gguf
 

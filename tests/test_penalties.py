@@ -36,6 +36,7 @@ def same(a, b):
     np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_greedy_speculative_equals_autoregressive(pair, setting):
     target, draft = pair

@@ -487,6 +487,7 @@ def _head_round(target, head, tree, prompt, sampling=SamplingConfig(0.0)):
     return drafter, model, cache, inputs, prepared, config, pending
 
 
+@pytest.mark.slow
 def test_a_heads_sampled_tree_grows_from_its_measured_acceptance(target):
     """A head carrying measured rates (`FeatureHeadConfig.tree_acceptance`) draws its
     sampled trees in the shape they favour; without them, in the prior's: seen in which
