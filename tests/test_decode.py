@@ -2,11 +2,20 @@
 input. The exactness of every drafter (greedy equality, enumerated sampling, a wrong rule
 caught, rows independent of the batch) is tests/test_drafter_contract.py's."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import VOCAB, copies_outside_entry, count_compiles, make_model, ragged_prompts
+from helpers import (
+    VOCAB,
+    copies_outside_entry,
+    count_compiles,
+    make_draft,
+    make_model,
+    ragged_prompts,
+)
 
 from jax_specdec import Generator, SamplingConfig, autoregressive_generate, speculative_generate
 
@@ -169,6 +178,32 @@ def test_compiled_loop_does_not_copy_caches(target, draft, speculative):
         shape = f"f32[2,{c.num_kv_heads},{run.cache_len},{c.head_dim}]"
         assert shape in hlo
         assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
+
+
+def test_the_lm_head_runs_on_one_prompt_token_a_row():
+    """The prefills (the target's and a draft model's, of the whole batch or of a slot
+    in chunks) and a draft model's catch-up after γ = 0 rounds run the LM head on one
+    token a row: the compiled program holds no logits wider than a verify call's γ + 1
+    (over a prompt they take rows × prompt × vocabulary floats)."""
+    from jax_specdec.schedules import Custom
+
+    vocab = 997  # no other dimension of the program
+    target, draft = make_model(0, vocab), make_draft(vocab=vocab)
+    prompts = ragged_prompts(3, vocab, seed=3, max_len=13)
+    skip = Custom(lambda stats: jnp.where(stats.round == 1, 0, 2), max_gamma=2)
+    weights = {(target.config.d_model,), (draft.config.d_model,)}  # the LM heads, [D, V]
+    for schedule, slots in ((2, None), (skip, None), (2, 2)):
+        run = Generator(target, draft, schedule=schedule).bind(
+            prompts, key=jax.random.key(0), max_new_tokens=4, num_slots=slots
+        )
+        hlo = run.lower().compile().as_text()
+        # [rows, T, V] or flattened [rows · T, V]
+        leading = {
+            tuple(map(int, dims.split(",")))
+            for dims in re.findall(rf"f32\[([\d,]+),{vocab}\]", hlo)
+        }
+        tokens = {int(np.prod(dims)) for dims in leading - weights}
+        assert max(tokens) <= (slots or 3) * 3, f"logits of {sorted(tokens)} tokens, slots {slots}"
 
 
 @pytest.mark.slow

@@ -212,6 +212,24 @@ def test_ragged_rows_and_rollback(name):
         np.testing.assert_allclose(logits[b], full_logits(model, row)[-2:], atol=ATOL)
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_logits_at_one_token_a_row_are_that_tokens_logits(name):
+    """`logits_at` (a prefill's last prompt token) gives those tokens' logits of the
+    full call, [B, 1, V], the same cache and the same features."""
+    config = CONFIGS[name]
+    model = make(config)
+    tokens = random_tokens(7, (3, 6), config.vocab_size)
+    at = jnp.asarray([5, 0, 3], jnp.int32)
+    empty = init_cache(config, batch=3, max_len=8)
+    logits, cache, feats = model.decode(tokens, empty, features=True)
+    picked, same, same_feats = model.decode(tokens, empty, features=True, logits_at=at)
+    assert picked.shape == (3, 1, config.vocab_size)
+    np.testing.assert_allclose(picked[:, 0], logits[jnp.arange(3), at], atol=ATOL)
+    np.testing.assert_allclose(same_feats, feats, atol=ATOL)
+    for new, old in zip(jax.tree.leaves(same), jax.tree.leaves(cache), strict=True):
+        np.testing.assert_array_equal(new, old)
+
+
 @pytest.mark.parametrize("name", ["llama_bias_tied", "gpt2"])
 def test_features_are_what_the_lm_head_reads(name):
     """features=True gives the final-normed top-layer states: the same from the full

@@ -35,10 +35,12 @@ def init_state(
     batch, width = prompts.shape
     features = target_features(config.drafter)
     logits, target_cache, *hidden = target.decode(
-        prompts, new_cache(target.config, batch, config), features=features
+        prompts,
+        new_cache(target.config, batch, config),
+        features=features,
+        logits_at=prompt_lengths - 1,  # the LM head on each row's last prompt token only
     )
-    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-    last = last[:, : config.vocab_size]
+    last = logits[:, 0, : config.vocab_size]
     target_cache = target_cache.replace(lengths=prompt_lengths)
     draft_cache = None
     if config.drafter is not None:

@@ -134,10 +134,10 @@ def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features=False):
         cache, last, feats = carry
         start = cache.lengths[0]
         piece = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        logits, cache, *hidden = model.decode(piece, cache, features=features)
         at = length - 1 - start  # where the prompt's last position falls in this chunk
-        here = logits[:, jnp.clip(at, 0, chunk - 1)]
-        last = jnp.where((at >= 0) & (at < chunk), here, last)
+        inside = jnp.clip(at, 0, chunk - 1)[None]
+        here, cache, *hidden = model.decode(piece, cache, features=features, logits_at=inside)
+        last = jnp.where((at >= 0) & (at < chunk), here[:, 0], last)
         if features:
             feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden[0], start, axis=1)
         return cache, last, feats

@@ -140,7 +140,14 @@ class Transformer(nnx.Module):
         h = self.final_norm(x)
         return (self._logits(h), taken.result(x, h)) if features else self._logits(h)
 
-    def decode(self, tokens: jax.Array, cache: KVCache, *, features: bool = False):
+    def decode(
+        self,
+        tokens: jax.Array,
+        cache: KVCache,
+        *,
+        features: bool = False,
+        logits_at: jax.Array | None = None,
+    ):
         """Append T tokens per row to the cache and return their logits.
 
         Row b's tokens go to positions `cache.lengths[b] + t`; a query at position p
@@ -154,10 +161,13 @@ class Transformer(nnx.Module):
 
             features: also return the top layer's hidden states after the final norm,
               [B, T, D], or the given layers' (as `__call__`).
+            logits_at: optional [B] int32, the one token of each row (an index into
+              its T) whose logits are wanted: a prefill's last prompt position. The
+              LM head then runs on B tokens instead of B·T.
 
         Returns:
-            logits: [B, T, V] float32, the cache with lengths increased by T (and the
-            features, if asked for).
+            logits: [B, T, V] float32 ([B, 1, V] with `logits_at`), the cache with
+            lengths increased by T (and the features, if asked for).
         """
         c = self.config
         tokens = _check_tokens(tokens, c)
@@ -185,13 +195,15 @@ class Transformer(nnx.Module):
                 )
         if not _traced((tokens, cache)):
             graphdef, state = nnx.split(self)
-            return _decode_jit(graphdef, state, tokens, cache, features)
-        return self._decode(tokens, cache, features)
+            return _decode_jit(graphdef, state, tokens, cache, features, logits_at)
+        return self._decode(tokens, cache, features, logits_at)
 
-    def _decode(self, tokens: jax.Array, cache: KVCache, features: bool = False):
+    def _decode(self, tokens, cache: KVCache, features=False, logits_at=None):
         T = tokens.shape[1]
         lengths = cache.lengths.astype(jnp.int32)
-        logits, keys, values, *hidden = self.decode_entries(tokens, cache, features=features)
+        logits, keys, values, *hidden = self.decode_entries(
+            tokens, cache, features=features, logits_at=logits_at
+        )
         # Written after the attention that read the old cache (see `_after`), so XLA
         # updates the cache in place.
         cache = write_entries(cache, keys, values, _after(lengths, logits))
@@ -205,6 +217,7 @@ class Transformer(nnx.Module):
         *,
         features: bool = False,
         tree: tuple[jax.Array, jax.Array] | None = None,
+        logits_at: jax.Array | None = None,
     ):
         """`decode` without writing: the cache is only read; the new entries are returned.
 
@@ -228,6 +241,8 @@ class Transformer(nnx.Module):
               nodes of a tree rather than a sequence; token t sits at position
               start + depth[b, t] and attends to the new tokens u with mask[b, t, u]
               (its ancestors and itself) instead of u <= t.
+            logits_at: optional [B] int32: only these tokens' logits, [B, 1, V] (as
+              `decode`'s).
 
         Returns:
             logits [B, T, V] float32, and per layer the new keys and values
@@ -247,7 +262,8 @@ class Transformer(nnx.Module):
             keys.append(k)
             values.append(v)
         h = self.final_norm(x)
-        out = (self._logits(h), tuple(keys), tuple(values))
+        read = h if logits_at is None else jnp.take_along_axis(h, logits_at[:, None, None], 1)
+        out = (self._logits(read), tuple(keys), tuple(values))
         return (*out, taken.result(x, h)) if features else out
 
     def _reading(self, width: int, cache: KVCache, recent, tree) -> _Reading:
@@ -356,8 +372,8 @@ def _forward_jit(graphdef, state, tokens, features):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
-def _decode_jit(graphdef, state, tokens, cache, features):
-    return nnx.merge(graphdef, state)._decode(tokens, cache, features)
+def _decode_jit(graphdef, state, tokens, cache, features, logits_at):
+    return nnx.merge(graphdef, state)._decode(tokens, cache, features, logits_at)
 
 
 def _after(positions: jax.Array, x: jax.Array) -> jax.Array:

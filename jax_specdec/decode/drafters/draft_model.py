@@ -90,7 +90,8 @@ def _catch_up(model, cache, tokens, lengths, needed):
         def body(cache):
             idx = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)
             chunk_tokens = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
-            _, new = model.decode(chunk_tokens, cache)
+            # Only the cache is wanted: the LM head runs on one token a row.
+            _, new = model.decode(chunk_tokens, cache, logits_at=jnp.zeros_like(cache.lengths))
             # Rows already there wrote only past their valid entries; they keep their length.
             behind = cache.lengths < goal
             step = jnp.minimum(cache.lengths + chunk, goal)
@@ -120,7 +121,7 @@ class DraftModel:
         cache = new_cache(model.config, prompts.shape[0], config)
         if self.catch_up:
             return cache
-        _, cache = model.decode(prompts, cache)
+        _, cache = model.decode(prompts, cache, logits_at=prompt_lengths - 1)  # only the cache
         return cache.replace(lengths=prompt_lengths)
 
     def load(self, model, cache, slot, prompt, prompt_length, config):
