@@ -129,6 +129,7 @@ def test_templates_saved_with_a_tokenizer_give_transformers_ids(tmp_path, templa
         assert len(expected) > 10
 
 
+@pytest.mark.slow  # the real model's template; the quick loop renders two saved ones
 def test_smollm2_template_from_its_gguf_gives_transformers_ids():
     # Texts are compared whole; ids where the two GGUF tokenizers agree: ours splits
     # digits first, as SmolLM2's own tokenizer.json does, transformers' GGUF conversion

@@ -180,30 +180,42 @@ def test_compiled_loop_does_not_copy_caches(target, draft, speculative):
         assert copies_outside_entry(hlo, shape) == 0, f"cache of shape {shape} copied in a loop"
 
 
-def test_the_lm_head_runs_on_one_prompt_token_a_row():
+def _skip_second_round(stats):
+    return jnp.where(stats.round == 1, 0, 2)
+
+
+@pytest.mark.parametrize(
+    "schedule,slots",
+    [
+        (2, None),
+        pytest.param("skip", None, marks=pytest.mark.slow),
+        pytest.param(2, 2, marks=pytest.mark.slow),
+    ],
+    ids=["prefills", "catch-up", "slots"],
+)
+def test_the_lm_head_runs_on_one_prompt_token_a_row(schedule, slots):
     """The prefills (the target's and a draft model's, of the whole batch or of a slot
     in chunks) and a draft model's catch-up after γ = 0 rounds run the LM head on one
     token a row: the compiled program holds no logits wider than a verify call's γ + 1
     (over a prompt they take rows × prompt × vocabulary floats)."""
     from jax_specdec.schedules import Custom
 
+    if schedule == "skip":  # a γ = 0 round: the draft model catches up
+        schedule = Custom(_skip_second_round, max_gamma=2)
     vocab = 997  # no other dimension of the program
     target, draft = make_model(0, vocab), make_draft(vocab=vocab)
     prompts = ragged_prompts(3, vocab, seed=3, max_len=13)
-    skip = Custom(lambda stats: jnp.where(stats.round == 1, 0, 2), max_gamma=2)
-    weights = {(target.config.d_model,), (draft.config.d_model,)}  # the LM heads, [D, V]
-    for schedule, slots in ((2, None), (skip, None), (2, 2)):
-        run = Generator(target, draft, schedule=schedule).bind(
-            prompts, key=jax.random.key(0), max_new_tokens=4, num_slots=slots
-        )
-        hlo = run.lower().compile().as_text()
-        # [rows, T, V] or flattened [rows · T, V]
-        leading = {
-            tuple(map(int, dims.split(",")))
-            for dims in re.findall(rf"f32\[([\d,]+),{vocab}\]", hlo)
-        }
-        tokens = {int(np.prod(dims)) for dims in leading - weights}
-        assert max(tokens) <= (slots or 3) * 3, f"logits of {sorted(tokens)} tokens, slots {slots}"
+    run = Generator(target, draft, schedule=schedule).bind(
+        prompts, key=jax.random.key(0), max_new_tokens=4, num_slots=slots
+    )
+    hlo = run.lower().compile().as_text()
+    # [rows, T, V] or flattened [rows · T, V]; not the LM heads' weights [D, V]
+    weights = {(target.config.d_model,), (draft.config.d_model,)}
+    leading = {
+        tuple(map(int, dims.split(","))) for dims in re.findall(rf"f32\[([\d,]+),{vocab}\]", hlo)
+    }
+    tokens = {int(np.prod(dims)) for dims in leading - weights}
+    assert max(tokens) <= (slots or 3) * 3, f"logits of {sorted(tokens)} tokens"
 
 
 @pytest.mark.slow
