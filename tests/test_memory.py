@@ -68,3 +68,29 @@ def test_a_call_that_does_not_fit_is_refused_before_compiling(pair, monkeypatch)
     )
     with pytest.raises(ValueError, match="device_memory"):
         Generator(target, device_memory=0)
+
+
+def test_a_prefill_is_counted_and_slots_prefill_one_row_in_chunks(pair):
+    """A whole batch's prefill holds one layer's scores and softmax [rows, heads, P,
+    keys] and MLP intermediates, in place of the round's working margin; through slots,
+    one row's chunk of 32 queries. A call refused for its long prompts fits through
+    slots, as the refusal says."""
+    target, _ = pair
+    c = target.config
+    prompts = [[5] * 300, [6] * 250]
+    call = dict(key=jax.random.key(0), max_new_tokens=8)
+    gen = Generator(target, NGram(), schedule=3)
+    whole = gen.bind(prompts, **call).memory_plan
+    assert whole.cache_len == 311
+    # keys: the 300 tokens and the empty cache's smallest live prefix (256 of its 311)
+    scores = 2 * 2 * c.num_heads * 300 * (300 + 256)
+    assert whole.prefill == 4 * (scores + 3 * 2 * 300 * c.mlp_dim)
+    assert whole.total == whole.parameters + whole.caches + whole.prefill > whole.working
+    sliced = gen.bind(prompts, num_slots=1, **call).memory_plan
+    # one row's 32 queries over themselves and its own cache of 320 (10 chunks), whole
+    scores = 2 * 1 * c.num_heads * 32 * (32 + 320)
+    assert sliced.prefill == 4 * (scores + 3 * 32 * c.mlp_dim)
+    limited = Generator(target, NGram(), schedule=3, device_memory=sliced.total)
+    with pytest.raises(ValueError, match=r"prefill .* num_slots"):
+        limited.bind(prompts, **call)
+    assert limited.bind(prompts, num_slots=1, **call).memory_plan.total == sliced.total

@@ -233,7 +233,7 @@ class Generator:
         config = dataclasses.replace(self._config(request, num_slots), logprobs=spec)
         order = None if num_slots is None else longest_first(request.budgets)
         args = ProgramArgs(*self._states, *self._place(request, num_slots, order))
-        plan = self._memory_plan(config, num_slots or args.prompts.shape[0], args.prompts.shape[0])
+        plan = self._memory_plan(config, num_slots or args.prompts.shape[0], args.prompts.shape)
         plan.check()  # before anything is compiled
         run = Run(config, request, args, order, memory_plan=plan)
         if isinstance(self.schedule, Auto):  # its costs: an input, measured once per shape
@@ -253,7 +253,7 @@ class Generator:
         stops = stop_array(per_row(stop_sequences, request.batch), self.vocab_size)
         return dataclasses.replace(request, sampling=request.sampling.with_stops(stops))
 
-    def _memory_plan(self, config: LoopConfig, rows: int, prompts: int) -> MemoryPlan:
+    def _memory_plan(self, config: LoopConfig, rows: int, prompts: tuple) -> MemoryPlan:
         width = 1 if self.schedule is None else self.schedule.max_gamma + 1
         tree = self.tree or getattr(self.schedule, "tree", None)  # or a tree on auto's menu
         if tree is not None:
@@ -268,7 +268,9 @@ class Generator:
             vocab_size=self.vocab_size,
             mesh=self.mesh,
             available=available,
-            kept=_logprob_bytes(config, rows, prompts),
+            kept=_logprob_bytes(config, rows, prompts[0]),
+            prompt=prompts[1],
+            slots=config.num_slots is not None,
         )
 
     def _config(self, request: Request, num_slots: int | None) -> LoopConfig:

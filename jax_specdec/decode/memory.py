@@ -3,10 +3,14 @@
 Parameters per device come from the arrays' own shardings (a weight split over the
 model axis counts its shard); KV caches from their shapes (rows × positions × layers ×
 KV heads × head_dim, keys and values) split as the program places them (rows over
-`data`, heads over `model`); the drafter's state likewise; and a working margin for a
+`data`, heads over `model`); the drafter's state likewise; a working margin for a
 round's logits and probabilities ([rows, verify width, vocabulary] float32, a few
-copies) and the log-probabilities the program keeps, where asked for. Against the
-device's memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
+copies) and the log-probabilities the program keeps, where asked for; and, in its
+place while the prompts are prefilled, one layer's temporaries of the prefill
+(attention scores and their softmax over the prompt, [rows, heads, prompt, prompt]
+float32, and the MLP's intermediates): a whole batch's grows with the square of the
+prompt, a slot's is one row's chunk of `PREFILL_CHUNK` queries. Against the device's
+memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
 on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot
 fit is refused in one line that gives the figures and the settings to change, before
 anything is compiled.
@@ -18,14 +22,19 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from jax_specdec.decode.state import PREFILL_CHUNK
 from jax_specdec.nn import init_cache
+from jax_specdec.nn.attention import live_sizes
 from jax_specdec.sharding import cache_spec
 
 __all__ = ["MemoryPlan", "device_memory", "plan_memory"]
 
 WORKING_COPIES = 4  # logits, probabilities, the residual and the draft's q of a round
+SCORE_COPIES = 2  # a prefill's attention scores and their softmax
+MLP_COPIES = 3  # a prefill's MLP intermediates (gate, up, their product)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +48,17 @@ class MemoryPlan:
     available: int | None  # None: the backend reports no limit
     rows: int
     cache_len: int
+    prefill: int = 0  # one layer's temporaries while prefilling, in the working's place
 
     @property
     def total(self) -> int:
-        return self.parameters + self.caches + self.drafter + self.working
+        return self.parameters + self.caches + self.drafter + max(self.working, self.prefill)
 
     def describe(self) -> str:
         parts = (
             f"parameters {_gib(self.parameters)}, KV caches {_gib(self.caches)} "
             f"({self.rows} rows × {self.cache_len} positions), drafter {_gib(self.drafter)}, "
-            f"working {_gib(self.working)}"
+            f"working {_gib(self.working)}, prefill {_gib(self.prefill)}"
         )
         limit = "no limit reported" if self.available is None else f"of {_gib(self.available)}"
         return f"memory plan: {_gib(self.total)} a device ({parts}), {limit}"
@@ -72,7 +82,18 @@ def device_memory() -> int | None:
 
 
 def plan_memory(
-    states, model_configs, *, rows, cache_len, width, vocab_size, mesh, available, kept=0
+    states,
+    model_configs,
+    *,
+    rows,
+    cache_len,
+    width,
+    vocab_size,
+    mesh,
+    available,
+    kept=0,
+    prompt=0,
+    slots=False,
 ):
     """The `MemoryPlan` of a call.
 
@@ -88,11 +109,14 @@ def plan_memory(
       available: bytes a device holds, or None: no check.
       kept: bytes of what the program keeps besides the caches (log-probabilities),
         counted with the working margin.
+      prompt: the padded prompt width; slots: whether prompts are prefilled one row at
+        a time in chunks (slots) rather than the whole batch at once.
     """
     parameters = sum(_on_device(leaf) for state in states for leaf in jax.tree.leaves(state))
     caches = [_cache_bytes(c, rows, cache_len, mesh) for c in model_configs]
     data = 1 if mesh is None else mesh.shape["data"]
     working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4 + kept
+    prefill = max(_prefill_bytes(c, rows, prompt, cache_len, slots, mesh) for c in model_configs)
     return MemoryPlan(
         parameters=parameters,
         caches=caches[0],
@@ -101,6 +125,7 @@ def plan_memory(
         available=available,
         rows=rows,
         cache_len=cache_len,
+        prefill=prefill + kept,
     )
 
 
@@ -113,6 +138,29 @@ def _on_device(leaf) -> int:
     if sharding is not None:
         shape = sharding.shard_shape(shape)
     return math.prod(shape) * leaf.dtype.itemsize
+
+
+def _prefill_bytes(config, rows: int, prompt: int, cache_len: int, slots: bool, mesh) -> int:
+    """One layer's float32 temporaries of a prefill call (one device's share: rows over
+    the data axis, heads and MLP columns over the model axis): attention scores and
+    softmax over the call's own tokens and the empty cache's smallest live prefix
+    (`nn.attention.live_sizes`), and the MLP's intermediates. The whole batch's call
+    takes the prompt at once; a slot's, one row's chunk into a cache of its own."""
+    if slots:
+        rows, queries = 1, min(PREFILL_CHUNK, prompt)
+        cache_len = -(-prompt // queries) * queries
+    else:
+        queries = prompt
+    size = jnp.dtype(getattr(config, "dtype", "float32")).itemsize
+    kv = 2 * rows * getattr(config, "num_kv_heads", 0) * getattr(config, "head_dim", 0) * size
+    keys = queries + live_sizes(cache_len, position_bytes=kv)[0]
+    data = 1 if mesh is None else mesh.shape.get("data", 1)
+    split = 1 if mesh is None else mesh.shape.get("model", 1)
+    rows = math.ceil(rows / data)
+    heads = math.ceil(getattr(config, "num_heads", 0) / split)
+    mlp = math.ceil(getattr(config, "mlp_dim", 0) / split)
+    scores = SCORE_COPIES * rows * heads * queries * keys
+    return 4 * (scores + MLP_COPIES * rows * queries * mlp)
 
 
 def _cache_bytes(config, rows: int, cache_len: int, mesh) -> int:
