@@ -8,6 +8,7 @@ import pathlib
 import jax
 import pytest
 from flax import nnx
+from helpers import make_head
 
 from jax_specdec import Generator, NGram
 from jax_specdec.decode import program
@@ -70,27 +71,56 @@ def test_a_call_that_does_not_fit_is_refused_before_compiling(pair, monkeypatch)
         Generator(target, device_memory=0)
 
 
+def _call(config, rows, queries, keys):
+    """A prefill call's bytes: one layer's scores (three float32 copies) and MLP
+    intermediates (three), and every layer's new keys and values."""
+    c = config
+    layer = 4 * (3 * c.num_heads * keys + 3 * c.mlp_dim)
+    return rows * queries * (layer + 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4)
+
+
+LONG = [[5] * 300, [6] * 250]
+
+
 def test_a_prefill_is_counted_and_slots_prefill_one_row_in_chunks(pair):
-    """A whole batch's prefill holds one layer's scores and softmax [rows, heads, P,
-    keys] and MLP intermediates, in place of the round's working margin; through slots,
-    one row's chunk of 32 queries. A call refused for its long prompts fits through
-    slots, as the refusal says."""
-    target, _ = pair
-    c = target.config
-    prompts = [[5] * 300, [6] * 250]
+    """A whole batch's prefill holds one layer's scores [rows, heads, P, keys] and MLP
+    intermediates, in place of the round's working margin; through slots, one row's
+    chunk of 32 queries; a draft model's catch-up, every row's chunk over its cache. A
+    call refused for its long prompts fits through slots, as the refusal says."""
+    target, draft = pair
     call = dict(key=jax.random.key(0), max_new_tokens=8)
     gen = Generator(target, NGram(), schedule=3)
-    whole = gen.bind(prompts, **call).memory_plan
+    whole = gen.bind(LONG, **call).memory_plan
     assert whole.cache_len == 311
     # keys: the 300 tokens and the empty cache's smallest live prefix (256 of its 311)
-    scores = 2 * 2 * c.num_heads * 300 * (300 + 256)
-    assert whole.prefill == 4 * (scores + 3 * 2 * 300 * c.mlp_dim)
+    assert whole.prefill == _call(target.config, 2, 300, 300 + 256)
     assert whole.total == whole.parameters + whole.caches + whole.prefill > whole.working
-    sliced = gen.bind(prompts, num_slots=1, **call).memory_plan
+    sliced = gen.bind(LONG, num_slots=1, **call).memory_plan
     # one row's 32 queries over themselves and its own cache of 320 (10 chunks), whole
-    scores = 2 * 1 * c.num_heads * 32 * (32 + 320)
-    assert sliced.prefill == 4 * (scores + 3 * 32 * c.mlp_dim)
+    assert sliced.prefill == _call(target.config, 1, 32, 32 + 320)
+    with_draft = Generator(target, draft, schedule=3).bind(LONG, num_slots=2, **call)
+    catch_up = _call(draft.config, 2, 32, 32 + with_draft.cache_len)
+    assert with_draft.memory_plan.prefill == max(catch_up, _call(target.config, 1, 32, 352))
+    head = Generator(target, make_head(target), schedule=3)  # loads a slot's prompt whole
+    whole_row = _call(head.draft_model.config, 1, 300, 300 + 300)  # its own cache of 300
+    assert head.bind(LONG, num_slots=1, **call).memory_plan.prefill == max(
+        whole_row, _call(target.config, 1, 32, 352)
+    )
     limited = Generator(target, NGram(), schedule=3, device_memory=sliced.total)
-    with pytest.raises(ValueError, match=r"prefill .* num_slots"):
-        limited.bind(prompts, **call)
-    assert limited.bind(prompts, num_slots=1, **call).memory_plan.total == sliced.total
+    with pytest.raises(ValueError, match=r"prefill \d+\.\d+ GiB.*num_slots"):
+        limited.bind(LONG, **call)
+    assert limited.bind(LONG, num_slots=1, **call).memory_plan.total == sliced.total
+
+
+@pytest.mark.slow
+def test_a_prefills_plan_is_what_xla_allocates(pair):
+    """For calls the prefill dominates, the plan's temporaries are within 0.8-1.3x of
+    what XLA allocates for the compiled program (its temporary buffers)."""
+    target, draft = pair
+    for drafter in (NGram(), draft):
+        run = Generator(target, drafter, schedule=3).bind(
+            LONG, key=jax.random.key(0), max_new_tokens=2
+        )
+        temp = run.lower().compile().memory_analysis().temp_size_in_bytes
+        plan = run.memory_plan
+        assert 0.8 < max(plan.prefill, plan.working) / temp < 1.3, (plan, temp)

@@ -232,6 +232,9 @@ def test_logits_at_one_token_a_row_are_that_tokens_logits(name):
     np.testing.assert_allclose(same_feats, feats, atol=ATOL)
     for new, old in zip(jax.tree.leaves(same), jax.tree.leaves(cache), strict=True):
         np.testing.assert_array_equal(new, old)
+    for bad in (jnp.asarray([5, 0], jnp.int32), jnp.asarray([6, 0, 0], jnp.int32), at * 1.0):
+        with pytest.raises(ValueError, match="logits_at must"):
+            model.decode(tokens, empty, logits_at=bad)
 
 
 @pytest.mark.parametrize("name", ["llama_bias_tied", "gpt2"])

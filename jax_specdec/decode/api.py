@@ -271,6 +271,7 @@ class Generator:
             kept=_logprob_bytes(config, rows, prompts[0]),
             prompt=prompts[1],
             slots=config.num_slots is not None,
+            chunked=tuple(isinstance(m, Transformer) for _, m in self._models),
         )
 
     def _config(self, request: Request, num_slots: int | None) -> LoopConfig:

@@ -6,14 +6,14 @@ KV heads × head_dim, keys and values) split as the program places them (rows ov
 `data`, heads over `model`); the drafter's state likewise; a working margin for a
 round's logits and probabilities ([rows, verify width, vocabulary] float32, a few
 copies) and the log-probabilities the program keeps, where asked for; and, in its
-place while the prompts are prefilled, one layer's temporaries of the prefill
-(attention scores and their softmax over the prompt, [rows, heads, prompt, prompt]
-float32, and the MLP's intermediates): a whole batch's grows with the square of the
-prompt, a slot's is one row's chunk of `PREFILL_CHUNK` queries. Against the device's
-memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
-on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot
-fit is refused in one line that gives the figures and the settings to change, before
-anything is compiled.
+place while the prompts are prefilled, the prefill's temporaries (one layer's
+attention scores, [rows, heads, prompt, prompt] float32, and MLP intermediates, and
+every layer's new keys and values): a whole batch's grows with the square of the
+prompt, a slot's is one row's chunk of `PREFILL_CHUNK` queries (a head's, its whole
+prompt). Against the device's memory where the backend reports it
+(`Device.memory_stats()["bytes_limit"]` on GPU and TPU; a CPU reports none), or a
+stated `device_memory`, a plan that cannot fit is refused in one line that gives the
+figures and the settings to change, before anything is compiled.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jax_specdec.sharding import cache_spec
 __all__ = ["MemoryPlan", "device_memory", "plan_memory"]
 
 WORKING_COPIES = 4  # logits, probabilities, the residual and the draft's q of a round
-SCORE_COPIES = 2  # a prefill's attention scores and their softmax
+SCORE_COPIES = 3  # a prefill's attention scores and their copies (2.5 measured on XLA:CPU)
 MLP_COPIES = 3  # a prefill's MLP intermediates (gate, up, their product)
 
 
@@ -94,6 +94,7 @@ def plan_memory(
     kept=0,
     prompt=0,
     slots=False,
+    chunked=None,
 ):
     """The `MemoryPlan` of a call.
 
@@ -110,13 +111,19 @@ def plan_memory(
       kept: bytes of what the program keeps besides the caches (log-probabilities),
         counted with the working margin.
       prompt: the padded prompt width; slots: whether prompts are prefilled one row at
-        a time in chunks (slots) rather than the whole batch at once.
+        a time (slots) rather than the whole batch at once.
+      chunked: per model, whether it is a transformer, prefilled through slots in
+        chunks (a head loads a row whole); default all.
     """
     parameters = sum(_on_device(leaf) for state in states for leaf in jax.tree.leaves(state))
     caches = [_cache_bytes(c, rows, cache_len, mesh) for c in model_configs]
     data = 1 if mesh is None else mesh.shape["data"]
     working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4 + kept
-    prefill = max(_prefill_bytes(c, rows, prompt, cache_len, slots, mesh) for c in model_configs)
+    chunked = (True,) * len(model_configs) if chunked is None else chunked
+    calls = _prefill_calls(
+        model_configs, chunked, rows=rows, prompt=prompt, cache_len=cache_len, slots=slots
+    )
+    prefill = max(_call_bytes(*call, mesh) for call in calls)
     return MemoryPlan(
         parameters=parameters,
         caches=caches[0],
@@ -140,27 +147,51 @@ def _on_device(leaf) -> int:
     return math.prod(shape) * leaf.dtype.itemsize
 
 
-def _prefill_bytes(config, rows: int, prompt: int, cache_len: int, slots: bool, mesh) -> int:
-    """One layer's float32 temporaries of a prefill call (one device's share: rows over
-    the data axis, heads and MLP columns over the model axis): attention scores and
-    softmax over the call's own tokens and the empty cache's smallest live prefix
-    (`nn.attention.live_sizes`), and the MLP's intermediates. The whole batch's call
-    takes the prompt at once; a slot's, one row's chunk into a cache of its own."""
-    if slots:
-        rows, queries = 1, min(PREFILL_CHUNK, prompt)
-        cache_len = -(-prompt // queries) * queries
-    else:
-        queries = prompt
-    size = jnp.dtype(getattr(config, "dtype", "float32")).itemsize
-    kv = 2 * rows * getattr(config, "num_kv_heads", 0) * getattr(config, "head_dim", 0) * size
-    keys = queries + live_sizes(cache_len, position_bytes=kv)[0]
+def _prefill_calls(model_configs, chunked, *, rows, prompt, cache_len, slots):
+    """(config, rows, queries, keys) of each model's widest prefill call: the whole
+    batch's prompt at once, or through slots one row's, in chunks of `PREFILL_CHUNK`
+    into a cache of its own for a transformer (`decode.state.prefill_row`, whose loop
+    keeps its widest attention branch) and whole for a head; and a draft model's
+    catch-up, every row's chunk over its whole cache."""
+    calls = []
+    for i, (config, chunks) in enumerate(zip(model_configs, chunked, strict=True)):
+        if slots and chunks:
+            q = min(PREFILL_CHUNK, prompt)
+            calls.append((config, 1, q, q + -(-prompt // q) * q))
+        else:
+            n, size = (1, prompt) if slots else (rows, cache_len)
+            calls.append((config, n, prompt, prompt + _smallest_live(config, n, size)))
+        if i > 0 and chunks:
+            q = min(PREFILL_CHUNK, cache_len)
+            calls.append((config, rows, q, q + cache_len))
+    return calls
+
+
+def _smallest_live(config, rows: int, cache_len: int) -> int:
+    """The smallest prefix of an empty cache that a call attends (`live_sizes`)."""
+    kv = 2 * rows * getattr(config, "num_kv_heads", 0) * getattr(config, "head_dim", 0)
+    return live_sizes(cache_len, position_bytes=kv * _itemsize(config))[0]
+
+
+def _itemsize(config) -> int:
+    return jnp.dtype(getattr(config, "dtype", "float32")).itemsize
+
+
+def _call_bytes(config, rows: int, queries: int, keys: int, mesh) -> int:
+    """A prefill call's temporaries (one device's share: rows over the data axis, heads
+    and MLP columns over the model axis): one layer's attention scores and their
+    copies and its MLP's intermediates (float32), and every layer's new keys and values,
+    held until they are written after the call."""
     data = 1 if mesh is None else mesh.shape.get("data", 1)
     split = 1 if mesh is None else mesh.shape.get("model", 1)
     rows = math.ceil(rows / data)
-    heads = math.ceil(getattr(config, "num_heads", 0) / split)
-    mlp = math.ceil(getattr(config, "mlp_dim", 0) / split)
-    scores = SCORE_COPIES * rows * heads * queries * keys
-    return 4 * (scores + MLP_COPIES * rows * queries * mlp)
+    heads, mlp, kv_heads = (
+        math.ceil(getattr(config, name, 0) / split)
+        for name in ("num_heads", "mlp_dim", "num_kv_heads")
+    )
+    layer = SCORE_COPIES * heads * keys + MLP_COPIES * mlp
+    entries = 2 * getattr(config, "num_layers", 1) * kv_heads * getattr(config, "head_dim", 0)
+    return rows * queries * (4 * layer + entries * _itemsize(config))
 
 
 def _cache_bytes(config, rows: int, cache_len: int, mesh) -> int:

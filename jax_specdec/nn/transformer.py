@@ -187,6 +187,7 @@ class Transformer(nnx.Module):
             raise ValueError(f"tokens has batch {B} but cache has batch {cache.batch_size}")
         if T > S:
             raise ValueError(f"tokens length T={T} exceeds the cache's max_len ({S})")
+        _check_logits_at(logits_at, B, T)
         if not _traced(cache.lengths):
             longest = int(np.max(np.asarray(cache.lengths)))
             if longest + T > S:
@@ -387,6 +388,20 @@ def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
     """
     flag = jnp.isnan(x.reshape(-1)[0]).astype(jnp.int32)
     return jnp.minimum(positions, jnp.int32(2**31 - 2) + flag)
+
+
+def _check_logits_at(logits_at, batch: int, width: int) -> None:
+    """ValueError unless `logits_at` is None or [B] integers in [0, T) (the range is
+    checked only when the values are concrete)."""
+    if logits_at is None:
+        return
+    shape, dtype = getattr(logits_at, "shape", None), getattr(logits_at, "dtype", None)
+    if shape != (batch,) or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"logits_at must be [B] = [{batch}] integers, got {shape} {dtype}")
+    if not _traced(logits_at):
+        values = np.asarray(logits_at)
+        if values.size and (values.min() < 0 or values.max() >= width):
+            raise ValueError(f"logits_at must lie in [0, {width}), got {values.tolist()}")
 
 
 def _check_tokens(tokens, config: TransformerConfig) -> jax.Array:

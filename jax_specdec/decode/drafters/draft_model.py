@@ -35,8 +35,9 @@ __all__ = ["DraftModel", "EarlyExit"]
 def _step(model, config, sampling, cache, recent, tokens, key):
     """One draft call on `tokens` with a read-only cache: x [B], q [B, V], the new entries,
     a NaN flag [B] and the draft's confidence in x (`_confidence`)."""
-    logits, keys, values = model.decode_entries(tokens, cache, recent)
-    logits = logits[:, -1, : config.vocab_size]
+    last = jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32)  # the LM head on it only
+    logits, keys, values = model.decode_entries(tokens, cache, recent, logits_at=last)
+    logits = logits[:, 0, : config.vocab_size]
     bad = nonfinite(logits)
     logits = sampling.adjust(logits)  # the rows' bias and penalties (seen: `_count`)
     q = sampling.probs(logits)  # [B, V]
