@@ -9,6 +9,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import (
     NUM_SAMPLES,
     PROMPTS,
@@ -16,6 +17,7 @@ from helpers import (
     chi_square_pvalue,
     count_compiles,
     exact_sequence_probs,
+    make_draft,
     ragged_prompts,
     sample_sequences,
 )
@@ -85,6 +87,27 @@ def test_costs_measured_once_per_shape_with_one_program(target, draft, costs_fol
     given = Generator(target, draft, schedule=Auto(widths=(0, 1, 3), round_costs=(1, 2, 3)))
     run4 = given.bind(prompts, key=jax.random.key(0), max_new_tokens=12)
     assert run4.round_costs.source == "given" and run4.round_costs.per_width == (1.0, 2.0, 3.0)
+
+
+def test_a_draft_of_the_same_shapes_with_other_weights_is_keyed_apart(target):
+    """The costs' key holds a sample of the weights: another draft of the same shapes
+    gets its own key (its own prior), the same weights the same key. The sample an
+    accelerator takes on its device is the one a CPU reads in place."""
+    schedule = Auto(widths=(0, 1, 3), round_costs=(1.0, 2.0, 3.0), fallback=False)
+
+    def key(draft):
+        generator = Generator(target, draft, schedule=schedule)
+        run = generator.bind([[1, 2, 3]], key=jax.random.key(0), max_new_tokens=4)
+        return auto_costs.cache_key(run, schedule, [m for _, m in generator._models])
+
+    first, again, other = key(make_draft(1)), key(make_draft(1)), key(make_draft(2))
+    assert first == again
+    assert first["models"][0] == other["models"][0] and first["models"][1] != other["models"][1]
+    for leaf in jax.tree.leaves(nnx.state(make_draft(1))):
+        step = max(1, leaf.size // auto_costs.SAMPLED)
+        np.testing.assert_array_equal(
+            auto_costs._strided(leaf, step), np.asarray(leaf).reshape(-1)[::step]
+        )
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from jax_specdec.decode.auto_costs import with_round_costs
 from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.resolve import as_drafter
 from jax_specdec.decode.logprobs import LogprobSpec
-from jax_specdec.decode.memory import MemoryPlan, device_memory, plan_memory
+from jax_specdec.decode.memory import CallShape, MemoryPlan, device_memory, plan_memory
 from jax_specdec.decode.request import (
     Request,
     check_int,
@@ -259,20 +259,18 @@ class Generator:
         if tree is not None:
             width = max(width, tree.nodes + 1)
         available = self.device_memory if self.device_memory is not None else device_memory()
-        return plan_memory(
-            [s for s in self._states if s is not None],
-            [m.config for _, m in self._models],
+        call = CallShape(
             rows=rows,
             cache_len=config.cache_len,
             width=width,
             vocab_size=self.vocab_size,
-            mesh=self.mesh,
-            available=available,
-            kept=_logprob_bytes(config, rows, prompts[0]),
             prompt=prompts[1],
             slots=config.num_slots is not None,
-            chunked=tuple(isinstance(m, Transformer) for _, m in self._models),
+            kept=_logprob_bytes(config, rows, prompts[0]),
         )
+        states = [s for s in self._states if s is not None]
+        models = [m for _, m in self._models]
+        return plan_memory(states, models, call, mesh=self.mesh, available=available)
 
     def _config(self, request: Request, num_slots: int | None) -> LoopConfig:
         """The program's static configuration for this call's shapes."""

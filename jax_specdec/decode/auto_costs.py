@@ -14,8 +14,10 @@ row from.
 
 Both are kept as JSON under `$JAX_SPECDEC_ROUND_COSTS`, else `<cache>/round_costs/`
 (`io.zoo.cache_dir`), keyed by the machine (device kind and count, the CPU's model and
-cores, jax's version, the CPU kernel setting) and the program's shapes and settings; a
-later call with the same key measures nothing (its rows start from the stored prior).
+cores, jax's version, the CPU kernel setting), the program's shapes and settings and the
+models' weights (a sample of each array's values: another checkpoint of the same shapes
+accepts otherwise); a later call with the same key measures nothing (its rows start
+from the stored prior).
 Delete the folder to measure again. When the program's mesh spans processes, process 0's
 file and measurement decide for all (every process runs the same programs).
 """
@@ -49,6 +51,7 @@ TOKENS = 24  # tokens per row of a measuring run
 REPEATS = 3  # interleaved passes over the runs (each run's fastest counts)
 SMOOTHING = 4.0  # tries of the overall rate added to each position's acceptance
 MIN_ROUNDS = 4  # rounds each forced width must run for its cost to be cached
+SAMPLED = 64  # values of each weight array in a model's part of the key
 # Settings read where the program is built that change what it costs.
 ENV_KEYS = ("JAX_SPECDEC_SMALL_MATMUL", "JAX_SPECDEC_ATTENTION", "XLA_FLAGS")
 
@@ -240,10 +243,39 @@ def _source_digest() -> str:
 
 
 def _model_key(model, state) -> str:
-    """A model's configuration and its parameters' shapes and dtypes (not their values)."""
+    """A model's configuration, its parameters' shapes and dtypes, and a sample of their
+    values (`_fingerprint`)."""
     leaves = jax.tree.leaves(state)
     shapes = hashlib.sha256(repr([(a.shape, str(a.dtype)) for a in leaves]).encode())
-    return f"{getattr(model, 'config', type(model).__name__)!r}:{shapes.hexdigest()[:16]}"
+    config = getattr(model, "config", type(model).__name__)
+    return f"{config!r}:{shapes.hexdigest()[:16]}:{_fingerprint(leaves)}"
+
+
+def _fingerprint(leaves) -> str:
+    """A hash of up to `SAMPLED` evenly spaced values of each array (this process's
+    first shard of it): a draft of the same shapes with other weights accepts otherwise,
+    so it gets its own prior. Sampled where the array lives (a CPU array is read in
+    place), never copied whole."""
+    h = hashlib.sha256()
+    for leaf in leaves:
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        shards = getattr(leaf, "addressable_shards", None)
+        data = shards[0].data if shards else leaf
+        step = max(1, data.size // SAMPLED)
+        on = {d.platform for d in data.devices()} if isinstance(data, jax.Array) else {"cpu"}
+        if on == {"cpu"}:
+            sample = np.asarray(data).reshape(-1)[::step]
+        else:
+            sample = np.asarray(_strided(data, step))
+        h.update(np.ascontiguousarray(sample).tobytes())
+    return h.hexdigest()[:16]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _strided(x, step: int):
+    """Every `step`-th value of `x` flattened, on its device."""
+    return x.reshape(-1)[::step]
 
 
 def _cpu_model() -> str:

@@ -26,11 +26,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from jax_specdec.decode.state import PREFILL_CHUNK
-from jax_specdec.nn import init_cache
+from jax_specdec.nn import Transformer, init_cache
 from jax_specdec.nn.attention import live_sizes
 from jax_specdec.sharding import cache_spec
 
-__all__ = ["MemoryPlan", "device_memory", "plan_memory"]
+__all__ = ["CallShape", "MemoryPlan", "device_memory", "plan_memory"]
 
 WORKING_COPIES = 4  # logits, probabilities, the residual and the draft's q of a round
 SCORE_COPIES = 3  # a prefill's attention scores and their copies (2.5 measured on XLA:CPU)
@@ -81,58 +81,58 @@ def device_memory() -> int | None:
     return None if not stats else stats.get("bytes_limit")
 
 
-def plan_memory(
-    states,
-    model_configs,
-    *,
-    rows,
-    cache_len,
-    width,
-    vocab_size,
-    mesh,
-    available,
-    kept=0,
-    prompt=0,
-    slots=False,
-    chunked=None,
-):
-    """The `MemoryPlan` of a call.
+@dataclasses.dataclass(frozen=True)
+class CallShape:
+    """What a call runs, as the plan counts it.
+
+    Attributes:
+      rows: rows the program runs (slots, or the padded batch).
+      cache_len: positions per row of every cache.
+      width: tokens a target call scores per row at most (γ_max + 1, or a tree's
+        nodes + 1).
+      vocab_size: the vocabulary the round's distributions span.
+      prompt: the padded prompt width.
+      slots: whether prompts are prefilled one row at a time (slots) rather than the
+        whole batch at once.
+      kept: bytes of what the program keeps besides the caches (log-probabilities),
+        counted with the working margin.
+    """
+
+    rows: int
+    cache_len: int
+    width: int
+    vocab_size: int
+    prompt: int = 0
+    slots: bool = False
+    kept: int = 0
+
+
+def plan_memory(states, models, call: CallShape, *, mesh, available) -> MemoryPlan:
+    """The `MemoryPlan` of `call`.
 
     Args:
       states: the models' parameter states (target first), placed as the program gets them.
-      model_configs: the configs of the models that keep a KV cache (target first), each
-        with `num_layers`, `num_kv_heads`, `head_dim` and `dtype`.
-      rows: rows the program runs (slots, or the padded batch).
-      cache_len: positions per row of every cache.
-      width: tokens a target call scores per row at most (γ_max + 1, or a tree's nodes + 1).
-      vocab_size: the vocabulary the round's distributions span.
+      models: the models that keep a KV cache (target first): transformers, prefilled
+        through slots in chunks, or heads, which load a row whole; each `config` has
+        `num_layers`, `num_kv_heads`, `head_dim` and `dtype`.
       mesh: the mesh, or None.
       available: bytes a device holds, or None: no check.
-      kept: bytes of what the program keeps besides the caches (log-probabilities),
-        counted with the working margin.
-      prompt: the padded prompt width; slots: whether prompts are prefilled one row at
-        a time (slots) rather than the whole batch at once.
-      chunked: per model, whether it is a transformer, prefilled through slots in
-        chunks (a head loads a row whole); default all.
     """
     parameters = sum(_on_device(leaf) for state in states for leaf in jax.tree.leaves(state))
-    caches = [_cache_bytes(c, rows, cache_len, mesh) for c in model_configs]
+    caches = [_cache_bytes(m.config, call.rows, call.cache_len, mesh) for m in models]
     data = 1 if mesh is None else mesh.shape["data"]
-    working = WORKING_COPIES * math.ceil(rows / data) * width * vocab_size * 4 + kept
-    chunked = (True,) * len(model_configs) if chunked is None else chunked
-    calls = _prefill_calls(
-        model_configs, chunked, rows=rows, prompt=prompt, cache_len=cache_len, slots=slots
-    )
-    prefill = max(_call_bytes(*call, mesh) for call in calls)
+    rows = math.ceil(call.rows / data)
+    working = WORKING_COPIES * rows * call.width * call.vocab_size * 4 + call.kept
+    prefill = max(_call_bytes(*c, mesh) for c in _prefill_calls(models, call))
     return MemoryPlan(
         parameters=parameters,
         caches=caches[0],
         drafter=sum(caches[1:]),
         working=working,
         available=available,
-        rows=rows,
-        cache_len=cache_len,
-        prefill=prefill + kept,
+        rows=call.rows,
+        cache_len=call.cache_len,
+        prefill=prefill + call.kept,
     )
 
 
@@ -147,23 +147,25 @@ def _on_device(leaf) -> int:
     return math.prod(shape) * leaf.dtype.itemsize
 
 
-def _prefill_calls(model_configs, chunked, *, rows, prompt, cache_len, slots):
+def _prefill_calls(models, call: CallShape):
     """(config, rows, queries, keys) of each model's widest prefill call: the whole
     batch's prompt at once, or through slots one row's, in chunks of `PREFILL_CHUNK`
     into a cache of its own for a transformer (`decode.state.prefill_row`, whose loop
     keeps its widest attention branch) and whole for a head; and a draft model's
     catch-up, every row's chunk over its whole cache."""
+    prompt, cache_len = call.prompt, call.cache_len
     calls = []
-    for i, (config, chunks) in enumerate(zip(model_configs, chunked, strict=True)):
-        if slots and chunks:
+    for i, model in enumerate(models):
+        config, chunks = model.config, isinstance(model, Transformer)
+        if call.slots and chunks:
             q = min(PREFILL_CHUNK, prompt)
             calls.append((config, 1, q, q + -(-prompt // q) * q))
         else:
-            n, size = (1, prompt) if slots else (rows, cache_len)
+            n, size = (1, prompt) if call.slots else (call.rows, cache_len)
             calls.append((config, n, prompt, prompt + _smallest_live(config, n, size)))
         if i > 0 and chunks:
             q = min(PREFILL_CHUNK, cache_len)
-            calls.append((config, rows, q, q + cache_len))
+            calls.append((config, call.rows, q, q + cache_len))
     return calls
 
 

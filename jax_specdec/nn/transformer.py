@@ -202,12 +202,13 @@ class Transformer(nnx.Module):
     def _decode(self, tokens, cache: KVCache, features=False, logits_at=None):
         T = tokens.shape[1]
         lengths = cache.lengths.astype(jnp.int32)
-        logits, keys, values, *hidden = self.decode_entries(
-            tokens, cache, features=features, logits_at=logits_at
+        h, (logits, keys, values, *hidden) = self._entries(
+            tokens, cache, None, features, None, logits_at
         )
         # Written after the attention that read the old cache (see `_after`), so XLA
-        # updates the cache in place.
-        cache = write_entries(cache, keys, values, _after(lengths, logits))
+        # updates the cache in place. Keyed on the final hidden state, not the logits:
+        # a caller that wants only the cache lets XLA drop the LM head.
+        cache = write_entries(cache, keys, values, _after(lengths, h))
         return (logits, cache.replace(lengths=lengths + T), *hidden)
 
     def decode_entries(
@@ -250,6 +251,10 @@ class Transformer(nnx.Module):
             [B, T, K, hd], for `write_entries(cache, keys, values, start)` with
             start = cache.lengths + recent_count (and the features, if asked for).
         """
+        return self._entries(tokens, cache, recent, features, tree, logits_at)[1]
+
+    def _entries(self, tokens, cache: KVCache, recent, features, tree, logits_at):
+        """The final hidden state [B, T, D] and `decode_entries`' outputs."""
         reading = self._reading(tokens.shape[1], cache, recent, tree)
         x = self._embed(tokens, reading.positions)
         taken = _Taken(features, self.config.num_layers)
@@ -265,7 +270,7 @@ class Transformer(nnx.Module):
         h = self.final_norm(x)
         read = h if logits_at is None else jnp.take_along_axis(h, logits_at[:, None, None], 1)
         out = (self._logits(read), tuple(keys), tuple(values))
-        return (*out, taken.result(x, h)) if features else out
+        return h, ((*out, taken.result(x, h)) if features else out)
 
     def _reading(self, width: int, cache: KVCache, recent, tree) -> _Reading:
         """What every layer of a `decode_entries` call of `width` tokens reads besides

@@ -35,9 +35,10 @@ __all__ = ["DraftModel", "EarlyExit"]
 def _step(model, config, sampling, cache, recent, tokens, key):
     """One draft call on `tokens` with a read-only cache: x [B], q [B, V], the new entries,
     a NaN flag [B] and the draft's confidence in x (`_confidence`)."""
-    last = jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32)  # the LM head on it only
+    width = tokens.shape[1]  # the first step feeds two: the LM head on the last only
+    last = jnp.full(tokens.shape[:1], width - 1, jnp.int32) if width > 1 else None
     logits, keys, values = model.decode_entries(tokens, cache, recent, logits_at=last)
-    logits = logits[:, 0, : config.vocab_size]
+    logits = logits[:, -1, : config.vocab_size]
     bad = nonfinite(logits)
     logits = sampling.adjust(logits)  # the rows' bias and penalties (seen: `_count`)
     q = sampling.probs(logits)  # [B, V]
@@ -91,8 +92,7 @@ def _catch_up(model, cache, tokens, lengths, needed):
         def body(cache):
             idx = cache.lengths[:, None] + jnp.arange(chunk, dtype=jnp.int32)
             chunk_tokens = jnp.take_along_axis(tokens, jnp.minimum(idx, width - 1), axis=1)
-            # Only the cache is wanted: the LM head runs on one token a row.
-            _, new = model.decode(chunk_tokens, cache, logits_at=jnp.zeros_like(cache.lengths))
+            _, new = model.decode(chunk_tokens, cache)  # only the cache: no LM head compiled
             # Rows already there wrote only past their valid entries; they keep their length.
             behind = cache.lengths < goal
             step = jnp.minimum(cache.lengths + chunk, goal)
@@ -122,7 +122,7 @@ class DraftModel:
         cache = new_cache(model.config, prompts.shape[0], config)
         if self.catch_up:
             return cache
-        _, cache = model.decode(prompts, cache, logits_at=prompt_lengths - 1)  # only the cache
+        _, cache = model.decode(prompts, cache)  # only the cache: no LM head compiled
         return cache.replace(lengths=prompt_lengths)
 
     def load(self, model, cache, slot, prompt, prompt_length, config):
