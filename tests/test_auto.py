@@ -103,11 +103,14 @@ def test_a_draft_of_the_same_shapes_with_other_weights_is_keyed_apart(target):
     first, again, other = key(make_draft(1)), key(make_draft(1)), key(make_draft(2))
     assert first == again
     assert first["models"][0] == other["models"][0] and first["models"][1] != other["models"][1]
-    for leaf in jax.tree.leaves(nnx.state(make_draft(1))):
-        step = max(1, leaf.size // auto_costs.SAMPLED)
-        np.testing.assert_array_equal(
-            auto_costs._strided(leaf, step), np.asarray(leaf).reshape(-1)[::step]
-        )
+    leaves = jax.tree.leaves(nnx.state(make_draft(1)))
+    for leaf in leaves:
+        step = -(-leaf.size // auto_costs.SAMPLED)
+        sample = np.asarray(leaf).reshape(-1)[::step]
+        assert sample.size <= auto_costs.SAMPLED
+        np.testing.assert_array_equal(auto_costs._strided(leaf, step), sample)
+    auto_costs._fingerprint(leaves)  # each array sampled once while it lives
+    assert all(auto_costs._SAMPLES[id(leaf)][0]() is leaf for leaf in leaves)
 
 
 @pytest.mark.slow

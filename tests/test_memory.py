@@ -11,7 +11,7 @@ from flax import nnx
 from helpers import make_head
 
 from jax_specdec import Generator, NGram
-from jax_specdec.decode import program
+from jax_specdec.decode import prefill, program
 from jax_specdec.io.hf import load_model
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "models"
@@ -72,11 +72,19 @@ def test_a_call_that_does_not_fit_is_refused_before_compiling(pair, monkeypatch)
 
 
 def _call(config, rows, queries, keys):
-    """A prefill call's bytes: one layer's scores (three float32 copies) and MLP
-    intermediates (three), and every layer's new keys and values."""
+    """A prefill call's bytes: one layer's scores (three float32 copies), the keys and
+    values scored and MLP intermediates (three), and every layer's new keys and values."""
     c = config
     layer = 4 * (3 * c.num_heads * keys + 3 * c.mlp_dim)
-    return rows * queries * (layer + 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4)
+    attended = 2 * keys * c.num_kv_heads * c.head_dim * 4
+    return rows * (
+        queries * (layer + 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) + attended
+    )
+
+
+def _features(target, rows, prompt=300):
+    """The target's features a head reads, over the prompt, and their shifted copy."""
+    return 2 * rows * prompt * target.config.d_model * 4
 
 
 LONG = [[5] * 300, [6] * 250]
@@ -105,22 +113,61 @@ def test_a_prefill_is_counted_and_slots_prefill_one_row_in_chunks(pair):
     whole_row = _call(head.draft_model.config, 1, 300, 300 + 300)  # its own cache of 300
     assert head.bind(LONG, num_slots=1, **call).memory_plan.prefill == max(
         whole_row, _call(target.config, 1, 32, 352)
-    )
+    ) + _features(target, 1)
     limited = Generator(target, NGram(), schedule=3, device_memory=sliced.total)
     with pytest.raises(ValueError, match=r"prefill \d+\.\d+ GiB.*num_slots"):
         limited.bind(LONG, **call)
     assert limited.bind(LONG, num_slots=1, **call).memory_plan.total == sliced.total
 
 
-@pytest.mark.slow
-def test_a_prefills_plan_is_what_xla_allocates(pair):
-    """For calls the prefill dominates, the plan's temporaries are within 0.8-1.3x of
-    what XLA allocates for the compiled program (its temporary buffers)."""
+@pytest.fixture
+def chunk_of_128(monkeypatch):
+    """A whole batch's prompts prefill in chunks past 128 positions (programs traced
+    under either size are dropped before and after)."""
+    jax.clear_caches()
+    monkeypatch.setattr(prefill, "BATCH_CHUNK", 128)
+    yield
+    jax.clear_caches()
+
+
+def test_a_long_prompts_prefill_is_counted_a_chunk_at_a_time(pair, chunk_of_128):
+    """Prompts past `BATCH_CHUNK` positions (300 past 128: three calls of 100): the whole
+    batch's prefill holds a chunk's queries over the cache, the head's too (a draft
+    model's catch-up as before)."""
     target, draft = pair
-    for drafter in (NGram(), draft):
-        run = Generator(target, drafter, schedule=3).bind(
-            LONG, key=jax.random.key(0), max_new_tokens=2
-        )
-        temp = run.lower().compile().memory_analysis().temp_size_in_bytes
-        plan = run.memory_plan
-        assert 0.8 < max(plan.prefill, plan.working) / temp < 1.3, (plan, temp)
+    call = dict(key=jax.random.key(0), max_new_tokens=8)
+    whole = Generator(target, NGram(), schedule=3).bind(LONG, **call).memory_plan
+    assert whole.prefill == _call(target.config, 2, 100, 100 + 311)
+    head = Generator(target, make_head(target), schedule=3)
+    assert head.bind(LONG, **call).memory_plan.prefill == max(
+        _call(target.config, 2, 100, 100 + 311), _call(head.draft_model.config, 2, 100, 100 + 311)
+    ) + _features(target, 2)
+    sliced = head.bind(LONG, num_slots=1, **call).memory_plan  # a slot's head load: 100 too
+    assert sliced.prefill == max(
+        _call(target.config, 1, 32, 352), _call(head.draft_model.config, 1, 100, 100 + 300)
+    ) + _features(target, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-call", "chunks"])
+def test_a_prefills_plan_is_what_xla_allocates(pair, monkeypatch, chunked):
+    """For calls the prefill dominates, the plan's temporaries are within 0.8-1.3x of
+    what XLA allocates for the compiled program (its temporary buffers); in one call,
+    and in chunks of 128."""
+    target, draft = pair
+    jax.clear_caches()
+    if chunked:
+        monkeypatch.setattr(prefill, "BATCH_CHUNK", 128)
+    try:
+        for drafter in (NGram(), draft):
+            run = Generator(target, drafter, schedule=3).bind(
+                LONG, key=jax.random.key(0), max_new_tokens=2
+            )
+            temp = run.lower().compile().memory_analysis().temp_size_in_bytes
+            plan = run.memory_plan
+            ratio = max(plan.prefill, plan.working) / temp
+            name = type(drafter).__name__
+            print(f"\nplan / XLA, {'chunks' if chunked else 'one call'}, {name}: {ratio:.3f}")
+            assert 0.8 < ratio < 1.3, (plan, temp)
+    finally:
+        jax.clear_caches()

@@ -237,23 +237,6 @@ def test_logits_at_one_token_a_row_are_that_tokens_logits(name):
             model.decode(tokens, empty, logits_at=bad)
 
 
-def test_a_decode_whose_logits_go_unused_drops_the_lm_head():
-    """A caller that keeps only the cache (a draft model's prefill or catch-up) compiles
-    no LM head: the cache writes wait on the hidden state, not on the logits."""
-    config = TransformerConfig.tiny(vocab_size=997)  # no other dimension of the program
-    model = make(config)
-    tokens = random_tokens(7, (3, 6), config.vocab_size)
-    empty = init_cache(config, batch=3, max_len=8)
-    logits = ("f32[3,6,997]", "f32[18,997]")
-
-    def compiled(keep):
-        fn = lambda model, tokens, cache: keep(model.decode(tokens, cache))  # noqa: E731
-        return nnx.jit(fn).lower(model, tokens, empty).compile().as_text()
-
-    assert any(shape in compiled(lambda out: out) for shape in logits)  # the check sees them
-    assert not any(shape in compiled(lambda out: out[1]) for shape in logits)
-
-
 @pytest.mark.parametrize("name", ["llama_bias_tied", "gpt2"])
 def test_features_are_what_the_lm_head_reads(name):
     """features=True gives the final-normed top-layer states: the same from the full

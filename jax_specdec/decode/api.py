@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 
 from jax_specdec.decode.auto_costs import with_round_costs
 from jax_specdec.decode.config import LoopConfig
+from jax_specdec.decode.drafters.base import target_features
 from jax_specdec.decode.drafters.resolve import as_drafter
 from jax_specdec.decode.logprobs import LogprobSpec
 from jax_specdec.decode.memory import CallShape, MemoryPlan, device_memory, plan_memory
@@ -38,6 +39,7 @@ from jax_specdec.decode.stop_tokens import per_row, stop_array
 from jax_specdec.decode.tree import Tree, as_tree
 from jax_specdec.decode.tree_accept import accept_tree
 from jax_specdec.nn import Transformer
+from jax_specdec.nn.transformer import feature_size
 from jax_specdec.sampling import SamplingConfig
 from jax_specdec.schedules import Auto
 from jax_specdec.sharding import check_mesh, kv_repeats, place_rows, repeat_kv_heads, shard_state
@@ -267,6 +269,7 @@ class Generator:
             prompt=prompts[1],
             slots=config.num_slots is not None,
             kept=_logprob_bytes(config, rows, prompts[0]),
+            features=_feature_bytes(self._models[0][1].config, self.drafter),
         )
         states = [s for s in self._states if s is not None]
         models = [m for _, m in self._models]
@@ -341,6 +344,12 @@ class Generator:
             stop_sequences=stop_sequences,
         )
         return _checked(run())
+
+
+def _feature_bytes(config, drafter) -> int:
+    """Bytes of one position's target features, where `drafter` reads them (else 0)."""
+    features = target_features(drafter)
+    return feature_size(config, features) * config.jnp_dtype.itemsize if features else 0
 
 
 def _logprob_bytes(config: LoopConfig, rows: int, prompts: int) -> int:

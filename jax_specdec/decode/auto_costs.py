@@ -34,6 +34,7 @@ import os
 import pathlib
 import platform
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -255,21 +256,38 @@ def _fingerprint(leaves) -> str:
     """A hash of up to `SAMPLED` evenly spaced values of each array (this process's
     first shard of it): a draft of the same shapes with other weights accepts otherwise,
     so it gets its own prior. Sampled where the array lives (a CPU array is read in
-    place), never copied whole."""
+    place), never copied whole; each array once while it lives (`_sample`)."""
     h = hashlib.sha256()
     for leaf in leaves:
-        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            leaf = jax.random.key_data(leaf)
-        shards = getattr(leaf, "addressable_shards", None)
-        data = shards[0].data if shards else leaf
-        step = max(1, data.size // SAMPLED)
-        on = {d.platform for d in data.devices()} if isinstance(data, jax.Array) else {"cpu"}
-        if on == {"cpu"}:
-            sample = np.asarray(data).reshape(-1)[::step]
-        else:
-            sample = np.asarray(_strided(data, step))
-        h.update(np.ascontiguousarray(sample).tobytes())
+        h.update(_sample(leaf))
     return h.hexdigest()[:16]
+
+
+_SAMPLES: dict[int, tuple[weakref.ref, bytes]] = {}  # id(array): (the array, its sample)
+
+
+def _sample(leaf) -> bytes:
+    """The bytes of up to `SAMPLED` evenly spaced values of `leaf`, remembered while the
+    array lives (a `bind` of the same weights reads none of them again)."""
+    hit = _SAMPLES.get(id(leaf))
+    if hit is not None and hit[0]() is leaf:
+        return hit[1]
+    data = jax.random.key_data(leaf) if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key) else leaf
+    shards = getattr(data, "addressable_shards", None)
+    data = shards[0].data if shards else data
+    step = -(-data.size // SAMPLED) or 1
+    on = {d.platform for d in data.devices()} if isinstance(data, jax.Array) else {"cpu"}
+    if on == {"cpu"}:
+        sample = np.asarray(data).reshape(-1)[::step]
+    else:
+        sample = np.asarray(_strided(data, step))
+    value = np.ascontiguousarray(sample).tobytes()
+    try:  # forgotten when the array goes (its id may then be reused)
+        key = id(leaf)
+        _SAMPLES[key] = (weakref.ref(leaf, lambda _, key=key: _SAMPLES.pop(key, None)), value)
+    except TypeError:  # not weakly referable (a NumPy array): sampled again next time
+        pass
+    return value
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -9,9 +9,10 @@ copies) and the log-probabilities the program keeps, where asked for; and, in it
 place while the prompts are prefilled, the prefill's temporaries (one layer's
 attention scores, [rows, heads, prompt, prompt] float32, and MLP intermediates, and
 every layer's new keys and values): a whole batch's grows with the square of the
-prompt, a slot's is one row's chunk of `PREFILL_CHUNK` queries (a head's, its whole
-prompt). Against the device's memory where the backend reports it
-(`Device.memory_stats()["bytes_limit"]` on GPU and TPU; a CPU reports none), or a
+prompt up to `BATCH_CHUNK` positions and runs in chunks of those past it, a slot's is
+one row's chunk of `PREFILL_CHUNK` queries (a head's, as the batch's). Against the
+device's memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
+on GPU and TPU; a CPU reports none), or a
 stated `device_memory`, a plan that cannot fit is refused in one line that gives the
 figures and the settings to change, before anything is compiled.
 """
@@ -25,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from jax_specdec.decode.state import PREFILL_CHUNK
+from jax_specdec.decode import prefill
 from jax_specdec.nn import Transformer, init_cache
 from jax_specdec.nn.attention import live_sizes
 from jax_specdec.sharding import cache_spec
@@ -96,6 +97,8 @@ class CallShape:
         whole batch at once.
       kept: bytes of what the program keeps besides the caches (log-probabilities),
         counted with the working margin.
+      features: bytes of one prompt position's target features, where the drafter reads
+        them (a head): held for the whole prompt while prefilling, with a shifted copy.
     """
 
     rows: int
@@ -105,6 +108,7 @@ class CallShape:
     prompt: int = 0
     slots: bool = False
     kept: int = 0
+    features: int = 0
 
 
 def plan_memory(states, models, call: CallShape, *, mesh, available) -> MemoryPlan:
@@ -124,6 +128,7 @@ def plan_memory(states, models, call: CallShape, *, mesh, available) -> MemoryPl
     rows = math.ceil(call.rows / data)
     working = WORKING_COPIES * rows * call.width * call.vocab_size * 4 + call.kept
     prefill = max(_call_bytes(*c, mesh) for c in _prefill_calls(models, call))
+    prefill += 2 * (1 if call.slots else rows) * call.prompt * call.features
     return MemoryPlan(
         parameters=parameters,
         caches=caches[0],
@@ -148,23 +153,27 @@ def _on_device(leaf) -> int:
 
 
 def _prefill_calls(models, call: CallShape):
-    """(config, rows, queries, keys) of each model's widest prefill call: the whole
-    batch's prompt at once, or through slots one row's, in chunks of `PREFILL_CHUNK`
-    into a cache of its own for a transformer (`decode.state.prefill_row`, whose loop
-    keeps its widest attention branch) and whole for a head; and a draft model's
+    """(config, rows, queries, keys) of each model's widest prefill call
+    (`decode.prefill`): the whole batch's prompt at once, or past `BATCH_CHUNK`
+    positions in calls of that many over the cache; through slots one row's, in chunks
+    of `PREFILL_CHUNK` into a cache of its own for a transformer (whose loop keeps its
+    widest attention branch) and as the whole batch's for a head; and a draft model's
     catch-up, every row's chunk over its whole cache."""
     prompt, cache_len = call.prompt, call.cache_len
     calls = []
     for i, model in enumerate(models):
         config, chunks = model.config, isinstance(model, Transformer)
+        n, size = (1, prompt) if call.slots else (call.rows, cache_len)
         if call.slots and chunks:
-            q = min(PREFILL_CHUNK, prompt)
+            q = min(prefill.PREFILL_CHUNK, prompt)
             calls.append((config, 1, q, q + -(-prompt // q) * q))
+        elif prompt > prefill.BATCH_CHUNK:
+            q = prefill.batch_chunk(prompt)
+            calls.append((config, n, q, q + size))
         else:
-            n, size = (1, prompt) if call.slots else (call.rows, cache_len)
             calls.append((config, n, prompt, prompt + _smallest_live(config, n, size)))
         if i > 0 and chunks:
-            q = min(PREFILL_CHUNK, cache_len)
+            q = min(prefill.PREFILL_CHUNK, cache_len)
             calls.append((config, call.rows, q, q + cache_len))
     return calls
 
@@ -182,8 +191,9 @@ def _itemsize(config) -> int:
 def _call_bytes(config, rows: int, queries: int, keys: int, mesh) -> int:
     """A prefill call's temporaries (one device's share: rows over the data axis, heads
     and MLP columns over the model axis): one layer's attention scores and their
-    copies and its MLP's intermediates (float32), and every layer's new keys and values,
-    held until they are written after the call."""
+    copies, the keys and values they are scored against and its MLP's intermediates
+    (float32), and every layer's new keys and values, held until they are written after
+    the call."""
     data = 1 if mesh is None else mesh.shape.get("data", 1)
     split = 1 if mesh is None else mesh.shape.get("model", 1)
     rows = math.ceil(rows / data)
@@ -192,8 +202,10 @@ def _call_bytes(config, rows: int, queries: int, keys: int, mesh) -> int:
         for name in ("num_heads", "mlp_dim", "num_kv_heads")
     )
     layer = SCORE_COPIES * heads * keys + MLP_COPIES * mlp
-    entries = 2 * getattr(config, "num_layers", 1) * kv_heads * getattr(config, "head_dim", 0)
-    return rows * queries * (4 * layer + entries * _itemsize(config))
+    head_dim = getattr(config, "head_dim", 0)
+    attended = 2 * keys * kv_heads * head_dim * 4
+    entries = 2 * getattr(config, "num_layers", 1) * kv_heads * head_dim
+    return rows * (queries * (4 * layer + entries * _itemsize(config)) + attended)
 
 
 def _cache_bytes(config, rows: int, cache_len: int, mesh) -> int:

@@ -17,6 +17,7 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import target_features
 from jax_specdec.decode.logprobs import Logprobs, token_logprobs
 from jax_specdec.decode.noise import choose, round_keys
+from jax_specdec.decode.prefill import prefill_batch
 from jax_specdec.decode.round import autoregressive_step, speculative_round, then_skipping
 from jax_specdec.decode.slots import finish_slots, init_slots, refill, running
 from jax_specdec.decode.state import LoopState, emit, finish, new_cache
@@ -34,17 +35,14 @@ def init_state(
     first token, drawn with fold_in(keys[b], 0) by the row's `sampling`."""
     batch, width = prompts.shape
     features = target_features(config.drafter)
-    logits, target_cache, *hidden = target.decode(
-        prompts,
-        new_cache(target.config, batch, config),
-        features=features,
-        logits_at=prompt_lengths - 1,  # the LM head on each row's last prompt token only
+    empty = new_cache(target.config, batch, config)
+    last, target_cache, hidden = prefill_batch(
+        target, prompts, prompt_lengths, empty, features=features
     )
-    last = logits[:, 0, : config.vocab_size]
-    target_cache = target_cache.replace(lengths=prompt_lengths)
+    last = last[:, : config.vocab_size]
     draft_cache = None
     if config.drafter is not None:
-        extra = {"features": hidden[0]} if features else {}
+        extra = {"features": hidden} if features else {}
         draft_cache = config.drafter.init(draft, prompts, prompt_lengths, config, **extra)
     seen = Seen.of(prompts, prompt_lengths, config.vocab_size) if sampling.plan.penalties else None
     adjusted = adjust(last, sampling, seen)

@@ -2,7 +2,7 @@
 
 The loop's rows are *slots*. After every round, slots whose row is done hand their
 tokens and counters to the output (`retire`), and free slots take the next waiting
-prompts (`load`): the prompt is prefilled, in chunks of `state.PREFILL_CHUNK` tokens,
+prompts (`load`): the prompt is prefilled, in chunks of `prefill.PREFILL_CHUNK` tokens,
 into a fresh one-row cache whose entries
 overwrite the slot's row of the big cache (nothing of the big cache is read or
 copied), the drafter resets its row, and the first token is drawn with
@@ -20,7 +20,8 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.drafters.base import reads_features, target_features
 from jax_specdec.decode.logprobs import Logprobs, token_logprobs
 from jax_specdec.decode.noise import choose, round_keys
-from jax_specdec.decode.state import LoopState, emit, load_row, new_cache, prefill_row
+from jax_specdec.decode.prefill import prefill_row
+from jax_specdec.decode.state import LoopState, emit, load_row, new_cache
 from jax_specdec.decode.stats import (
     ROW_FIELDS,
     GenerationOutput,

@@ -25,13 +25,9 @@ from jax_specdec.decode.config import LoopConfig
 from jax_specdec.decode.stats import GenerationOutput, GenerationStats
 from jax_specdec.decode.stop_tokens import first_stop
 from jax_specdec.nn import KVCache, TransformerConfig, init_cache
-from jax_specdec.nn.transformer import feature_size
 from jax_specdec.sampling import RowSampling
 from jax_specdec.schedules import ScheduleStats
 from jax_specdec.sharding import cache_spec
-
-# Tokens per call of a slot's prefill (`prefill_row`).
-PREFILL_CHUNK = 32
 
 __all__ = [
     "LoopState",
@@ -42,7 +38,6 @@ __all__ = [
     "load_row",
     "new_cache",
     "pad_entries",
-    "prefill_row",
     "record_round",
     "schedule_stats",
     "written_after",
@@ -110,40 +105,6 @@ def new_cache(model_config: TransformerConfig, batch: int, config: LoopConfig) -
     spec = NamedSharding(config.mesh, cache_spec())
     place = lambda arrays: tuple(jax.lax.with_sharding_constraint(a, spec) for a in arrays)  # noqa: E731
     return cache.replace(keys=place(cache.keys), values=place(cache.values))
-
-
-def prefill_row(model, prompt: jax.Array, length: jax.Array, *, features=False):
-    """The first `length` ([] int32) tokens of one prompt [1, P] run through `model` in
-    chunks of `PREFILL_CHUNK` into a fresh cache (for `load_row`): a short prompt costs
-    its own chunks, not the width of the longest prompt of the call.
-
-    Returns the logits [1, V] at position length - 1, the cache (P rounded up to the
-    chunk), and with `features` (as `Transformer.decode`'s) the features [1, P', D']
-    of the positions run.
-    """
-    c, width = model.config, prompt.shape[1]
-    chunk = min(PREFILL_CHUNK, width)
-    padded = -(-width // chunk) * chunk
-    if padded > c.max_len:  # no room to round up: one chunk
-        chunk = padded = width
-    tokens = jnp.pad(prompt, ((0, 0), (0, padded - width)))
-    feats = jnp.zeros((1, padded, feature_size(c, features)), c.jnp_dtype) if features else None
-    carry = (init_cache(c, batch=1, max_len=padded), jnp.zeros((1, c.vocab_size)), feats)
-
-    def body(carry):
-        cache, last, feats = carry
-        start = cache.lengths[0]
-        piece = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        at = length - 1 - start  # where the prompt's last position falls in this chunk
-        inside = jnp.clip(at, 0, chunk - 1)[None]
-        here, cache, *hidden = model.decode(piece, cache, features=features, logits_at=inside)
-        last = jnp.where((at >= 0) & (at < chunk), here[:, 0], last)
-        if features:
-            feats = jax.lax.dynamic_update_slice_in_dim(feats, hidden[0], start, axis=1)
-        return cache, last, feats
-
-    cache, last, feats = jax.lax.while_loop(lambda c: c[0].lengths[0] < length, body, carry)
-    return last, cache, feats
 
 
 def load_row(cache: KVCache, row: KVCache, slot: jax.Array, length: jax.Array) -> KVCache:

@@ -29,7 +29,16 @@ from jax_specdec.nn.layers import Attention, Block, Dense, Mlp, Norm
 from jax_specdec.nn.products import matmul, matmul_t
 
 # The layers live in nn.layers; their names stay importable from here.
-__all__ = ["Attention", "Block", "Dense", "Mlp", "Norm", "Transformer", "feature_size"]
+__all__ = [
+    "Attention",
+    "Block",
+    "Dense",
+    "Mlp",
+    "Norm",
+    "Transformer",
+    "feature_size",
+    "ordered_after",
+]
 
 _F32 = jnp.float32
 
@@ -205,10 +214,10 @@ class Transformer(nnx.Module):
         h, (logits, keys, values, *hidden) = self._entries(
             tokens, cache, None, features, None, logits_at
         )
-        # Written after the attention that read the old cache (see `_after`), so XLA
+        # Written after the attention that read the old cache (see `ordered_after`), so XLA
         # updates the cache in place. Keyed on the final hidden state, not the logits:
         # a caller that wants only the cache lets XLA drop the LM head.
-        cache = write_entries(cache, keys, values, _after(lengths, h))
+        cache = write_entries(cache, keys, values, ordered_after(lengths, h))
         return (logits, cache.replace(lengths=lengths + T), *hidden)
 
     def decode_entries(
@@ -382,7 +391,7 @@ def _decode_jit(graphdef, state, tokens, cache, features, logits_at):
     return nnx.merge(graphdef, state)._decode(tokens, cache, features, logits_at)
 
 
-def _after(positions: jax.Array, x: jax.Array) -> jax.Array:
+def ordered_after(positions: jax.Array, x: jax.Array) -> jax.Array:
     """`positions`, unchanged, but data-dependent on `x`.
 
     The cache write must come after the attention that reads the old cache. Without a

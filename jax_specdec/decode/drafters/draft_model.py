@@ -18,14 +18,8 @@ import jax.numpy as jnp
 
 from jax_specdec.decode.drafters.base import DraftInputs, Proposal
 from jax_specdec.decode.noise import choose
-from jax_specdec.decode.state import (
-    gather_last,
-    load_row,
-    new_cache,
-    pad_entries,
-    prefill_row,
-    written_after,
-)
+from jax_specdec.decode.prefill import prefill_batch, prefill_row
+from jax_specdec.decode.state import gather_last, load_row, new_cache, pad_entries, written_after
 from jax_specdec.decode.stats import nonfinite
 from jax_specdec.nn import write_entries
 
@@ -122,13 +116,12 @@ class DraftModel:
         cache = new_cache(model.config, prompts.shape[0], config)
         if self.catch_up:
             return cache
-        _, cache = model.decode(prompts, cache)  # only the cache: no LM head compiled
-        return cache.replace(lengths=prompt_lengths)
+        return prefill_batch(model, prompts, prompt_lengths, cache, logits=False)[1]
 
     def load(self, model, cache, slot, prompt, prompt_length, config):
         if self.catch_up:  # filled by the catch-up before the row's first drafting round
             return cache.replace(lengths=cache.lengths.at[slot].set(0))
-        _, row, _ = prefill_row(model, prompt, prompt_length[0])
+        _, row, _ = prefill_row(model, prompt, prompt_length[0], logits=False)
         return load_row(cache, row, slot, prompt_length[0])
 
     def prepare(self, model, cache, inputs: DraftInputs, config):

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from jax_specdec.decode import prefill
 from jax_specdec.decode.drafters import head_tree
 from jax_specdec.decode.drafters.base import DraftInputs, Proposal
 from jax_specdec.decode.drafters.ngram import NGram, trie
@@ -37,6 +38,7 @@ from jax_specdec.decode.tree import graft
 from jax_specdec.io.heads import check_tokenizer, load_head
 from jax_specdec.nn import KVCache, Transformer, init_cache, write_entries
 from jax_specdec.nn.feature_head import FeatureHead, previous_features
+from jax_specdec.nn.transformer import ordered_after
 
 __all__ = ["AttachedHead", "FeatureCache", "HeadDrafter", "attach_head", "check_vocab_map"]
 
@@ -232,12 +234,25 @@ def _chunk(model: AttachedHead, cache: FeatureCache, tokens):
 
 def _prefill(model: AttachedHead, kv, prompts, prompt_lengths, config, features):
     """The head's entries for the prompts [B, P] written into the empty cache `kv` (valid
-    below the prompt lengths), and the chunk of waiting features: the prompt's last."""
-    batch = prompts.shape[0]
+    below the prompt lengths; past `BATCH_CHUNK` positions in chunks, as the
+    target's), and the chunk of waiting features: the prompt's last."""
+    batch, width = prompts.shape
     prev = previous_features(features)
-    start = jnp.zeros((batch,), jnp.int32)
-    _, keys, values = model.head.decode_entries(prev, prompts, model.embed[...], kv, start)
-    kv = write_entries(kv, keys, values, start).replace(lengths=prompt_lengths)
+
+    def call(kv, start, pieces):
+        at = jnp.full((batch,), start, jnp.int32)
+        out, keys, values = model.head.decode_entries(*pieces, model.embed[...], kv, at)
+        # Written after the attention that read the cache, so XLA writes it in place.
+        kv = write_entries(kv, keys, values, ordered_after(at, out))
+        return kv.replace(lengths=at + pieces[1].shape[1])
+
+    chunk = prefill.batch_chunk(width)  # as the target's
+    if chunk == width:
+        kv = call(kv, 0, (prev, prompts))
+    else:
+        inputs = (prefill.padded(prev, chunk), prefill.padded(prompts, chunk))
+        kv = prefill.in_chunks(call, kv, inputs, prompt_lengths, chunk)
+    kv = kv.replace(lengths=prompt_lengths)
     last = jnp.take_along_axis(features, (prompt_lengths - 1)[:, None, None], axis=1)
     pending = jnp.zeros((batch, config.gamma_max + 1, features.shape[-1]), features.dtype)
     return kv, pending.at[:, :1].set(last)

@@ -30,7 +30,7 @@ def logits_keyed(self, tokens, cache, features=False, logits_at=None):
     logits, keys, values, *hidden = self.decode_entries(
         tokens, cache, features=features, logits_at=logits_at
     )
-    cache = write_entries(cache, keys, values, transformer._after(lengths, logits))
+    cache = write_entries(cache, keys, values, transformer.ordered_after(lengths, logits))
     return (logits, cache.replace(lengths=lengths + tokens.shape[1]), *hidden)
 
 
