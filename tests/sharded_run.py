@@ -265,6 +265,7 @@ def drafters():
         mesh = jax.make_mesh(shape, ("data", "model"))
         out = speculative_generate(target, drafts[name], prompts, mesh=mesh, **kw).tokens
         same[f"{name} T={t} {sorted(extra)} {shape}"] = bool(np.array_equal(out, one))
+    same.update(_chunked_prefill(target, drafts, prompts, keys))
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     q_kernels = {}
     for name, layers in (("feature", "blocks"), ("eagle3", "layers")):
@@ -273,6 +274,29 @@ def drafters():
         q = run.args.draft_state["head"][layers][0]["attn"]["q"]["kernel"][...]
         q_kernels[name] = [list(q.shape), list(q.addressable_shards[0].data.shape)]
     return {"same": same, "head_q_kernels": q_kernels}
+
+
+def _chunked_prefill(target, drafts, prompts, keys):
+    """A whole batch's prefill in chunks of 4 positions (prompts of up to 8), the target's
+    and a head's, on mesh (4, 2): the one-device tokens (chunked too; the chunks' tokens
+    are the one call's, tests/test_prefill.py)."""
+    from jax_specdec.decode import prefill
+
+    assert max(map(len, prompts)) > 4, "the prompts should take more than one chunk"
+    chunk, prefill.BATCH_CHUNK = prefill.BATCH_CHUNK, 4
+    jax.clear_caches()  # programs traced under the other chunk
+    try:
+        same = {}
+        for name in ("feature", "eagle3"):
+            kw = dict(key=keys, max_new_tokens=12, num_draft_tokens=3, sampling=SamplingConfig(1.0))
+            one = speculative_generate(target, drafts[name], prompts, **kw).tokens
+            mesh = jax.make_mesh((4, 2), ("data", "model"))
+            out = speculative_generate(target, drafts[name], prompts, mesh=mesh, **kw).tokens
+            same[f"{name} T=1.0 chunked prefill (4, 2)"] = bool(np.array_equal(out, one))
+        return same
+    finally:
+        prefill.BATCH_CHUNK = chunk
+        jax.clear_caches()
 
 
 def reference():

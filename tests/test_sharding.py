@@ -93,7 +93,7 @@ def test_batch_job_rows_do_not_depend_on_the_mesh(sharded):
 @pytest.mark.slow
 def test_heads_and_trees_on_meshes_give_the_one_device_tokens(sharded):
     result = mode_result(sharded, "drafters")
-    assert len(result["same"]) == 8 and all(result["same"].values()), result["same"]
+    assert len(result["same"]) == 10 and all(result["same"].values()), result["same"]
     for full, shard in result["head_q_kernels"].values():  # q kernels [in, heads x hd]
         assert shard == [full[0], full[1] // 4]
 
