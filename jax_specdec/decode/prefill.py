@@ -36,7 +36,7 @@ PREFILL_CHUNK = 32  # tokens per call of a slot's prefill (`prefill_row`)
 def batch_chunk(width: int) -> int:
     """Positions per call of a whole batch's prefill of prompts `width` wide: all of them
     up to `BATCH_CHUNK`, else the widest even split into calls of at most `BATCH_CHUNK`
-    (768 positions: two calls of 384, not 512 and 512 half padding)."""
+    (768 positions: two calls of 384, not 512 + 512 with half the second padding)."""
     calls = -(-width // BATCH_CHUNK)
     return -(-width // calls)
 
