@@ -12,9 +12,9 @@ every layer's new keys and values): a whole batch's grows with the square of the
 prompt up to `BATCH_CHUNK` positions and runs in chunks of those past it, a slot's is
 one row's chunk of `PREFILL_CHUNK` queries (a head's, as the batch's). Against the
 device's memory where the backend reports it (`Device.memory_stats()["bytes_limit"]`
-on GPU and TPU; a CPU reports none), or a
-stated `device_memory`, a plan that cannot fit is refused in one line that gives the
-figures and the settings to change, before anything is compiled.
+on GPU and TPU; a CPU reports none), or a stated `device_memory`, a plan that cannot
+fit is refused in one line that gives the figures and the settings to change, before
+anything is compiled.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def plan_memory(states, models, call: CallShape, *, mesh, available) -> MemoryPl
     Args:
       states: the models' parameter states (target first), placed as the program gets them.
       models: the models that keep a KV cache (target first): transformers, prefilled
-        through slots in chunks, or heads, which load a row whole; each `config` has
+        through slots in chunks of `PREFILL_CHUNK`, or heads, which load a slot's row as
+        the whole batch's prompts are loaded; each `config` has
         `num_layers`, `num_kv_heads`, `head_dim` and `dtype`.
       mesh: the mesh, or None.
       available: bytes a device holds, or None: no check.
@@ -155,7 +156,7 @@ def _on_device(leaf) -> int:
 def _prefill_calls(models, call: CallShape):
     """(config, rows, queries, keys) of each model's widest prefill call
     (`decode.prefill`): the whole batch's prompt at once, or past `BATCH_CHUNK`
-    positions in calls of that many over the cache; through slots one row's, in chunks
+    positions in even calls of at most that many over the cache; through slots one row's, in chunks
     of `PREFILL_CHUNK` into a cache of its own for a transformer (whose loop keeps its
     widest attention branch) and as the whole batch's for a head; and a draft model's
     catch-up, every row's chunk over its whole cache."""
